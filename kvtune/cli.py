@@ -1,0 +1,80 @@
+"""`kvtune <verb>`: the command-line contract of DESIGN.md.
+
+Each verb lives in its own module and registers its flags through `add_arguments(parser)` and runs through
+`run(args) -> int`; this file only wires them up and turns errors into one clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from kvtune.errors import KvtuneError
+
+# verb -> (module, help). Modules are imported only when their verb runs, so `kvtune sim` never loads torch.
+VERBS: dict[str, tuple[str, str]] = {
+    "sim": ("kvtune.sim.command", "trace-driven KV-cache simulation (no model)"),
+    "demo": ("kvtune.demo", "the main job on the embedded default, with a report"),
+}
+BENCHES: dict[str, tuple[str, str]] = {
+    "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
+    "sim": ("kvtune.sim.bench", "simulator steps per second for each allocation policy"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line and exit code 2 (argparse prints usage too by default)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"kvtune: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvtune", description="Watch and tune the KV cache of LLM inference servers.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    verbs.required = True
+    for verb, (module, help_text) in VERBS.items():
+        sub = verbs.add_parser(verb, help=help_text, description=help_text)
+        sub.set_defaults(_module=module)
+        _register(sub, module)
+    bench = verbs.add_parser("bench", help="benchmarks that print a table and record it in BENCHMARKS.md")
+    benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
+    benches.required = True
+    for name, (module, help_text) in BENCHES.items():
+        sub = benches.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(_module=module)
+        _register(sub, module)
+    return parser
+
+
+def _register(sub: argparse.ArgumentParser, module: str) -> None:
+    try:
+        importlib.import_module(module).add_arguments(sub)
+    except ModuleNotFoundError as missing:
+        if not missing.name or not module.startswith(missing.name):
+            raise
+        sub.set_defaults(_missing=module)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "_missing", None):
+            raise KvtuneError(f"{args._missing} is not installed in this build")
+        code: int = importlib.import_module(args._module).run(args)
+        return code
+    except KvtuneError as err:
+        if args.debug:
+            raise
+        sys.stderr.write(f"kvtune: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

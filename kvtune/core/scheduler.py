@@ -1,0 +1,241 @@
+"""Continuous batching with FCFS admission, a token budget per step and preemption by recompute.
+
+One step, as in vLLM V1: first the running requests, in admission order, each get their next token (or the
+next chunk of their prompt) within the token budget; a request that needs a block when none is free evicts
+the most recently admitted running request (possibly itself), whose blocks are freed and which goes back to
+the front of the queue to recompute. Only if nobody was preempted this step are waiting requests admitted,
+first come first served, while `max_num_seqs`, the budget and memory allow. The head of the queue is never
+skipped, so when it does not fit the reason is recorded (head-of-line blocking).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvtune.core.allocators import AdmissionBlock, KVAllocator
+from kvtune.core.request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class SchedulerConfig:
+    """Knobs a serving engine exposes. `discard_output_on_preempt` is the seed's recompute-from-prompt."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    discard_output_on_preempt: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens <= 0:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """One eviction: who needed the block, who was evicted, how many generated tokens went in the bin."""
+
+    step: int
+    needed_by: str
+    victim: str
+    discarded_tokens: int
+
+
+@dataclass
+class SchedulerStep:
+    """What one step runs: requests and how many tokens each computes, in order."""
+
+    step: int
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    blocked: AdmissionBlock | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    def sampling_requests(self) -> list[Request]:
+        """Requests whose every known token is now computed, so this step samples their next token."""
+        return [r for r in self.requests if r.num_computed_tokens == r.num_tokens]
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; all memory goes through one `KVAllocator`."""
+
+    def __init__(self, allocator: KVAllocator, config: SchedulerConfig | None = None) -> None:
+        self.allocator = allocator
+        self.config = config or SchedulerConfig()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.step_index = 0
+        self.num_preemptions = 0
+        self.discarded_tokens = 0
+        self.preemption_log: deque[Preemption] = deque(maxlen=1024)
+        self.finished: list[Request] = []
+
+    # --- queue management ----------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request; refuse one that could never fit in the whole pool (it would wait forever)."""
+        if req.request_id in self.requests:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        need = self.allocator.admission_need(req)
+        if need > self.allocator.num_slots:
+            raise ValueError(
+                f"request {req.request_id} needs {need} KV slots but the whole pool has {self.allocator.num_slots}"
+            )
+        req.status = RequestStatus.WAITING
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def fork_request(self, parent: Request, child: Request) -> bool:
+        """Start `child` (same prompt, computed state) on `parent`'s blocks: n > 1 sampling shares the prompt.
+
+        Only for a running parent whose prompt is computed; returns False when the policy cannot share,
+        and then the child should be queued normally.
+        """
+        if parent.status is not RequestStatus.RUNNING or not self.allocator.fork(parent, child):
+            return False
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = RequestStatus.RUNNING
+        child.admitted_step = self.step_index
+        self.requests[child.request_id] = child
+        self.running.append(child)
+        return True
+
+    def abort(self, request_id: str) -> Request | None:
+        """Remove a request wherever it is and free its memory (a client that went away)."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        if req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self._finish(req, FinishReason.ABORT)
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step ------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerStep:
+        """Decide this step's batch. Advances `num_computed_tokens` for everything scheduled."""
+        alloc = self.allocator
+        capacity = alloc.capacity
+        running = self.running
+        out = SchedulerStep(step=self.step_index)
+        reqs, counts = out.requests, out.num_tokens
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            n = req.num_tokens - computed
+            if n > budget:
+                n = budget
+            if computed + n > capacity[req.request_id] and not self._grow_or_preempt(req, n, out):
+                break  # req itself was evicted: it was the last running request
+            reqs.append(req)
+            counts.append(n)
+            budget -= n
+            i += 1
+        if not out.preempted:
+            budget = self._admit(out, budget)
+        for req, n in zip(reqs, counts, strict=True):
+            req.num_computed_tokens += n
+            alloc.on_computed(req)
+        if alloc.pending_copies:
+            out.copies = alloc.pending_copies
+            alloc.pending_copies = []
+        self.step_index += 1
+        return out
+
+    def _grow_or_preempt(self, req: Request, n: int, out: SchedulerStep) -> bool:
+        """Find room for `req`'s next tokens, evicting the newest running requests. False if `req` itself went."""
+        while not self.allocator.grow(req, n):
+            victim = self.running.pop()
+            self._preempt(victim, needed_by=req)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _admit(self, out: SchedulerStep, budget: int) -> int:
+        alloc = self.allocator
+        waiting = self.waiting
+        max_seqs = self.config.max_num_seqs
+        while waiting:
+            req = waiting[0]
+            if len(self.running) >= max_seqs:
+                out.blocked = AdmissionBlock("max_num_seqs")
+                break
+            if budget <= 0:
+                out.blocked = AdmissionBlock("token_budget")
+                break
+            hit = alloc.computed_prefix_tokens(req)
+            n = min(req.num_tokens - hit, budget)
+            blocked = alloc.admit(req, n, hit)
+            if blocked is not None:
+                out.blocked = blocked
+                break
+            waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = hit
+            req.num_cached_tokens = hit
+            req.admitted_step = self.step_index
+            self.running.append(req)
+            out.admitted.append(req)
+            out.requests.append(req)
+            out.num_tokens.append(n)
+            budget -= n
+        return budget
+
+    def _preempt(self, victim: Request, needed_by: Request) -> None:
+        self.allocator.free(victim)
+        discarded = len(victim.output_token_ids) if self.config.discard_output_on_preempt else 0
+        if discarded:
+            victim.output_token_ids.clear()
+            del victim.block_hashes[victim.num_prompt_tokens // self.allocator.block_size :]
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        victim.status = RequestStatus.WAITING
+        self.waiting.appendleft(victim)
+        self.num_preemptions += 1
+        self.discarded_tokens += discarded
+        self.preemption_log.append(Preemption(self.step_index, needed_by.request_id, victim.request_id, discarded))
+
+    # --- results of a step ---------------------------------------------------------------------------
+    def append_token(self, req: Request, token_id: int, eos: bool = False) -> bool:
+        """Record a sampled token; finish the request on EOS, max_tokens or its known length. True if done."""
+        req.output_token_ids.append(token_id)
+        n_out = len(req.output_token_ids)
+        if eos:
+            self._finish(req, FinishReason.STOP)
+        elif n_out >= req.max_tokens or (req.expected_output_len is not None and n_out >= req.expected_output_len):
+            self._finish(req, FinishReason.LENGTH)
+        else:
+            return False
+        return True
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        """End a running request for a reason only the engine can see (a stop string, say)."""
+        self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        if req.status is RequestStatus.FINISHED:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        self.allocator.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        del self.requests[req.request_id]
+        self.finished.append(req)
+
+    def pop_finished(self) -> list[Request]:
+        done, self.finished = self.finished, []
+        return done
