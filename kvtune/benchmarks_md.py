@@ -10,7 +10,9 @@ import platform
 import subprocess
 from pathlib import Path
 
-HEADER = "# Benchmarks\n\nEvery table below is written by the command named in its section; rerun it to refresh.\n"
+HEADER = (
+    "# Benchmarks\n\nEvery table below is written by the command named in its section; rerun it to refresh.\n"
+)
 
 
 def machine_description() -> str:

@@ -65,7 +65,7 @@ def snapshot(scheduler: Scheduler, externally_blocked: bool = False) -> Snapshot
         internal_slots=internal,
         external_slots=free if externally_blocked else 0,
         free_slots=free,
-        block_table_entries=sum(len(alloc.block_table(r)) for r in scheduler.running),
+        block_table_entries=alloc.num_table_entries,
     )
 
 

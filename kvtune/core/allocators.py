@@ -106,7 +106,16 @@ class KVAllocator(ABC):
     def block_table(self, req: Request) -> list[int]:
         """Physical block ids of `req`'s logical blocks 0, 1, ..."""
 
-    def on_computed(self, req: Request) -> None:
+    def num_blocks_held(self, req: Request) -> int:
+        """Length of `req`'s block table, without building it."""
+        return self.capacity[req.request_id] // self.block_size
+
+    @property
+    def num_table_entries(self) -> int:
+        """Block-table entries across running requests (a shared block appears in each sharer's table)."""
+        return self.slots_held // self.block_size
+
+    def on_computed(self, req: Request) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Called after `req.num_computed_tokens` advanced: lets a caching policy publish full blocks."""
 
     def fork(self, parent: Request, child: Request) -> bool:
@@ -144,6 +153,10 @@ class PagedAllocator(KVAllocator):
     @property
     def free_slots(self) -> int:
         return self.pool.num_free_blocks * self.block_size
+
+    @property
+    def num_table_entries(self) -> int:
+        return self.pool.num_used_blocks + self.pool.num_shared_refs
 
     def _ensure_prompt_hashes(self, req: Request) -> None:
         n_full = req.num_prompt_tokens // self.block_size
@@ -237,7 +250,9 @@ class PagedAllocator(KVAllocator):
         for b in range(done, n_full):
             if b >= len(hashes):
                 parent = hashes[-1] if hashes else ROOT_HASH
-                hashes.append(hash_block_tokens(parent, [req.token_at(i) for i in range(b * bs, (b + 1) * bs)]))
+                hashes.append(
+                    hash_block_tokens(parent, [req.token_at(i) for i in range(b * bs, (b + 1) * bs)])
+                )
             self.pool.cache(blocks[b], hashes[b])
         self._num_published[rid] = n_full
 
@@ -272,7 +287,9 @@ class ContiguousAllocator(KVAllocator):
     `oracle=True` sizes the run by the true output length instead of the declared `max_tokens`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, round_pow2: bool = True, oracle: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, round_pow2: bool = True, oracle: bool = False
+    ) -> None:
         super().__init__(num_blocks, block_size)
         self.round_pow2 = round_pow2
         self.oracle = oracle

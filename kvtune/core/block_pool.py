@@ -102,7 +102,9 @@ class BlockPool:
         assert len(free) == len(self._free)
         for b in range(self.num_blocks):
             assert self.ref_cnt[b] >= 0, f"block {b} has negative refcount"
-            assert (self.ref_cnt[b] == 0) == (b in free), f"block {b}: refcount {self.ref_cnt[b]} vs free list"
+            assert (self.ref_cnt[b] == 0) == (b in free), (
+                f"block {b}: refcount {self.ref_cnt[b]} vs free list"
+            )
         for h, b in self._cached.items():
             assert self.block_hash[b] == h
         shared = sum(max(0, rc - 1) for rc in self.ref_cnt)

@@ -19,7 +19,11 @@ def hash_block_tokens(parent_hash: int, tokens: Sequence[int]) -> int:
 
 
 def prompt_block_hashes(
-    token_ids: Sequence[int], block_size: int, start: int = 0, parent: int = ROOT_HASH, limit: int | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    start: int = 0,
+    parent: int = ROOT_HASH,
+    limit: int | None = None,
 ) -> list[int]:
     """Hashes of the full blocks of `token_ids` from block index `start`, chained from `parent`.
 

@@ -206,7 +206,9 @@ class Scheduler:
         self.waiting.appendleft(victim)
         self.num_preemptions += 1
         self.discarded_tokens += discarded
-        self.preemption_log.append(Preemption(self.step_index, needed_by.request_id, victim.request_id, discarded))
+        self.preemption_log.append(
+            Preemption(self.step_index, needed_by.request_id, victim.request_id, discarded)
+        )
 
     # --- results of a step ---------------------------------------------------------------------------
     def append_token(self, req: Request, token_id: int, eos: bool = False) -> bool:
@@ -215,7 +217,9 @@ class Scheduler:
         n_out = len(req.output_token_ids)
         if eos:
             self._finish(req, FinishReason.STOP)
-        elif n_out >= req.max_tokens or (req.expected_output_len is not None and n_out >= req.expected_output_len):
+        elif n_out >= req.max_tokens or (
+            req.expected_output_len is not None and n_out >= req.expected_output_len
+        ):
             self._finish(req, FinishReason.LENGTH)
         else:
             return False

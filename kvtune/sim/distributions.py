@@ -54,7 +54,9 @@ class LengthDistribution:
             raise KvtuneError(f"distribution {label!r}: the spread is a percentage, 0 to 100")
 
     def describe(self) -> str:
-        return f"{self.kind}:" + ":".join(f"{v:g}" for v in ((self.a,) if self.kind == "fixed" else (self.a, self.b)))
+        return f"{self.kind}:" + ":".join(
+            f"{v:g}" for v in ((self.a,) if self.kind == "fixed" else (self.a, self.b))
+        )
 
     @property
     def mean(self) -> float:
@@ -87,4 +89,5 @@ class LengthDistribution:
         else:
             lo, hi = round(self.a * (1 - self.b / 100)), round(self.a * (1 + self.b / 100))
             x = rng.integers(lo, hi + 1, size=n)
-        return np.maximum(1, np.rint(x)).astype(np.int64)
+        lengths: np.ndarray = np.maximum(1, np.rint(x)).astype(np.int64)
+        return lengths

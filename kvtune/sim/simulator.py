@@ -127,7 +127,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         if step == cfg.warmup:
             preempt0, discard0 = sched.num_preemptions, sched.discarded_tokens
         if step >= cfg.warmup:
-            snap = snapshot(sched, externally_blocked=blocked is not None and blocked.reason == "external_fragmentation")
+            snap = snapshot(
+                sched, externally_blocked=blocked is not None and blocked.reason == "external_fragmentation"
+            )
             sums["resident"] += snap.resident_sequences
             sums["tokens"] += snap.tokens_held
             sums["held"] += snap.slots_held

@@ -13,7 +13,9 @@ import numpy as np
 from kvtune.core import Request
 from kvtune.sim.distributions import LengthDistribution
 
-_UNIQUE_BASE = 1 << 24  # token ids of request r's own text start at (r + 1) << 24: never equal across requests
+_UNIQUE_BASE = (
+    1 << 24
+)  # token ids of request r's own text start at (r + 1) << 24: never equal across requests
 
 
 @dataclass(frozen=True)
@@ -50,4 +52,6 @@ class RequestStream:
         base = (r + 1) * _UNIQUE_BASE
         tokens = shared + list(range(base, base + prompt_len - len(shared)))
         max_tokens = self.workload.max_tokens
-        return Request(str(r + 1), tokens, max_tokens, expected_output_len=min(output_len, max_tokens), arrival=r)
+        return Request(
+            str(r + 1), tokens, max_tokens, expected_output_len=min(output_len, max_tokens), arrival=r
+        )
