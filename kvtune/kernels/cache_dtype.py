@@ -45,7 +45,9 @@ def cache_dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
 
 
-def kv_bytes_per_token(cache_dtype: torch.dtype, num_kv_heads: int, head_dim: int, num_layers: int = 1) -> int:
+def kv_bytes_per_token(
+    cache_dtype: torch.dtype, num_kv_heads: int, head_dim: int, num_layers: int = 1
+) -> int:
     """Bytes one token occupies in the KV cache (K and V, all KV heads, `num_layers` layers)."""
     if cache_dtype not in CACHE_DTYPES:
         raise KvtuneError(f"unsupported kv cache dtype {cache_dtype}")

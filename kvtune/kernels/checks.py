@@ -44,7 +44,9 @@ def check_query(q: torch.Tensor, geometry: CacheGeometry, kv_cache: torch.Tensor
     if q.shape[2] != geometry.head_dim:
         raise KvtuneError(f"q head_dim {q.shape[2]} differs from the cache's {geometry.head_dim}")
     if q.shape[1] % geometry.num_kv_heads != 0:
-        raise KvtuneError(f"num_q_heads {q.shape[1]} is not a multiple of num_kv_heads {geometry.num_kv_heads}")
+        raise KvtuneError(
+            f"num_q_heads {q.shape[1]} is not a multiple of num_kv_heads {geometry.num_kv_heads}"
+        )
     if kv_cache.dtype not in (q.dtype, FP8_DTYPE):
         raise KvtuneError(f"kv_cache dtype {kv_cache.dtype} must equal q's {q.dtype} or be float8_e4m3fn")
     if q.device != kv_cache.device:
@@ -59,9 +61,13 @@ def check_int_vector(name: str, values: torch.Tensor, length: int) -> None:
         raise KvtuneError(f"{name} must be int32, got {values.dtype}")
 
 
-def check_block_tables(block_tables: torch.Tensor, num_seqs: int, seq_lens: torch.Tensor, block_size: int) -> None:
+def check_block_tables(
+    block_tables: torch.Tensor, num_seqs: int, seq_lens: torch.Tensor, block_size: int
+) -> None:
     if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise KvtuneError(f"block_tables must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_tables.shape)}")
+        raise KvtuneError(
+            f"block_tables must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_tables.shape)}"
+        )
     if block_tables.dtype != torch.int32:
         raise KvtuneError(f"block_tables must be int32, got {block_tables.dtype}")
     if num_seqs and int(seq_lens.max()) > block_tables.shape[1] * block_size:

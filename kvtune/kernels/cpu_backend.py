@@ -24,7 +24,7 @@ MIN_TOKENS_PER_SPLIT = 512
 
 
 class _Params(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes requires a plain class attribute
+    _fields_ = [
         ("q", ctypes.c_void_p),
         ("cache", ctypes.c_void_p),
         ("stride_block", ctypes.c_int64),
