@@ -218,21 +218,20 @@ class PagedAllocator(KVAllocator):
         bs = self.block_size
         computed = req.num_computed_tokens
         # Copy-on-write: the partial last block is shared with a fork, and we are about to write into it.
-        if computed % bs and self.pool.ref_cnt[blocks[-1]] > 1:
-            if self.pool.num_free_blocks < 1:
-                return False
+        cow = bool(computed % bs) and self.pool.ref_cnt[blocks[-1]] > 1
+        need = _ceil_div(computed + num_new_tokens, bs) - len(blocks)
+        if need + cow > self.pool.num_free_blocks:
+            return False
+        if cow:
             (copy,) = self.pool.allocate(1)
             self.pending_copies.append((blocks[-1], copy))
             self.pool.release(blocks[-1])
             blocks[-1] = copy
-        need = _ceil_div(computed + num_new_tokens, bs) - len(blocks)
         if need > 0:
-            if need > self.pool.num_free_blocks:
-                return False
             blocks.extend(self.pool.allocate(need))
-            capacity = len(blocks) * bs
-            self.capacity[rid] = capacity
-            self._set_excess(req, capacity)
+        capacity = len(blocks) * bs
+        self.capacity[rid] = capacity
+        self._set_excess(req, capacity)
         return True
 
     def on_computed(self, req: Request) -> None:
@@ -276,9 +275,27 @@ class PagedAllocator(KVAllocator):
         rid = child.request_id
         self.blocks[rid] = blocks
         self._num_published[rid] = self._num_published[parent.request_id]
-        self.capacity[rid] = len(blocks) * self.block_size
-        self._set_excess(child, self.capacity[rid])
+        child.block_hashes = list(parent.block_hashes)
+        capacity = len(blocks) * self.block_size
+        if parent.num_computed_tokens % self.block_size:
+            # The last block is partial and now shared: the next write of either must go through grow,
+            # which copies it first. Capacity at the written edge sends both down that path.
+            capacity = parent.num_computed_tokens
+            self.capacity[parent.request_id] = capacity
+        self.capacity[rid] = capacity
+        self._set_excess(child, len(blocks) * self.block_size)
         return True
+
+    def num_blocks_held(self, req: Request) -> int:
+        return len(self.blocks[req.request_id])
+
+    def admission_need(self, req: Request) -> int:
+        """A paged request must be able to grow to its final length alone in the pool, or it never ends.
+
+        The last sampled token is never written to the cache, hence the minus one.
+        """
+        need = max(req.num_prompt_tokens + 1, req.final_length - 1)
+        return _ceil_div(need, self.block_size) * self.block_size
 
 
 class ContiguousAllocator(KVAllocator):

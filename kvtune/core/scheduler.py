@@ -98,6 +98,10 @@ class Scheduler:
         Only for a running parent whose prompt is computed; returns False when the policy cannot share,
         and then the child should be queued normally.
         """
+        if child.request_id in self.requests:
+            raise ValueError(f"duplicate request id {child.request_id!r}")
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
         if parent.status is not RequestStatus.RUNNING or not self.allocator.fork(parent, child):
             return False
         child.num_computed_tokens = parent.num_computed_tokens
@@ -112,8 +116,6 @@ class Scheduler:
         req = self.requests.get(request_id)
         if req is None:
             return None
-        if req.status is RequestStatus.WAITING:
-            self.waiting.remove(req)
         self._finish(req, FinishReason.ABORT)
         return req
 
@@ -226,7 +228,7 @@ class Scheduler:
         return True
 
     def finish(self, req: Request, reason: FinishReason) -> None:
-        """End a running request for a reason only the engine can see (a stop string, say)."""
+        """End a request for a reason only the engine can see (a stop string, say), wherever it is."""
         self._finish(req, reason)
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
@@ -234,6 +236,8 @@ class Scheduler:
             return
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+        elif req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
         self.allocator.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

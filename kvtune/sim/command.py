@@ -139,7 +139,8 @@ def _check_fits(cfg: SimConfig) -> None:
         raise KvtuneError(f"a pool of {cfg.pool_tokens} tokens holds no block of {cfg.block_size} tokens")
     w = cfg.workload
     prompt_max = w.prompt_len.maximum
-    need = prompt_max + 1 if cfg.policy == "paged" else prompt_max + w.max_tokens
+    output_max = min(w.max_tokens, w.output_len.maximum)
+    need = prompt_max + output_max - 1 if cfg.policy == "paged" else prompt_max + w.max_tokens
     if need > cfg.num_blocks * cfg.block_size:
         raise KvtuneError(
             f"the pool ({cfg.num_blocks * cfg.block_size:,} tokens) is smaller than one request "

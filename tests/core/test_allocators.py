@@ -122,7 +122,7 @@ def test_prefix_caching_disabled_shares_nothing() -> None:
 
 def test_paged_admission_takes_only_the_prompt_blocks() -> None:
     sched = paged_scheduler(num_blocks=8, block_size=16)
-    req = Request("a", prompt(20), max_tokens=1000)
+    req = Request("a", prompt(20), max_tokens=100)
     sched.add_request(req)
     run_step(sched)
     assert sched.allocator.capacity["a"] == 32

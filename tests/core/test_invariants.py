@@ -269,7 +269,17 @@ def check_memory(sched: Scheduler) -> None:
     assert alloc.internal_slots >= 0
     for req in sched.running:
         assert req.num_computed_tokens <= min(req.num_tokens, alloc.capacity[req.request_id])
-        assert len(alloc.block_table(req)) * alloc.block_size == alloc.capacity[req.request_id]
+        table_slots = len(alloc.block_table(req)) * alloc.block_size
+        capacity = alloc.capacity[req.request_id]
+        if isinstance(alloc, PagedAllocator):
+            # After a fork, capacity stops at the written edge so the next write goes through grow (CoW);
+            # a shared partial last block is never writable.
+            assert req.num_computed_tokens <= capacity <= table_slots
+            last = alloc.block_table(req)[-1]
+            if alloc.pool.ref_cnt[last] > 1 and req.num_computed_tokens % alloc.block_size:
+                assert capacity == req.num_computed_tokens
+        else:
+            assert capacity == table_slots
     if isinstance(alloc, PagedAllocator):
         check_paged(sched, alloc)
     else:
