@@ -47,6 +47,8 @@ def test_plot_draws_a_png(tmp_path: Path) -> None:
 
 def test_pool_from_model_geometry() -> None:
     # 4 layers x 2 KV heads x 32 dims x 2 bytes x 2 = 1 KiB per token: 1 GiB holds 1,048,576 tokens.
-    done = kvtune("sim", "--steps", "300", "--pool-gib", "1", "--layers", "4", "--kv-heads", "2", "--head-dim", "32")
+    done = kvtune(
+        "sim", "--steps", "300", "--pool-gib", "1", "--layers", "4", "--kv-heads", "2", "--head-dim", "32"
+    )
     assert done.returncode == 0, done.stderr
     assert "resident sequences" in done.stdout
