@@ -20,6 +20,7 @@ from kvtune.engine_sidecar.tiny_tokenizer import (
     EOS_TOKEN,
     EOT_TOKEN,
     build_byte_tokenizer,
+    special_id,
     tokenizer_config,
 )
 from kvtune.errors import KvtuneError
@@ -117,8 +118,8 @@ def write_tiny_model(folder: str | Path, spec: TinyModelSpec = TinyModelSpec()) 
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_byte_tokenizer()
     vocab_size = tokenizer.get_vocab_size()
-    bos_id = tokenizer.token_to_id(BOS_TOKEN)
-    eos_ids = [tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(EOT_TOKEN)]
+    bos_id = special_id(tokenizer, BOS_TOKEN)
+    eos_ids = [special_id(tokenizer, EOS_TOKEN), special_id(tokenizer, EOT_TOKEN)]
     tokenizer.save(str(path / "tokenizer.json"))
     _write_json(path / "tokenizer_config.json", tokenizer_config())
     _write_json(path / "special_tokens_map.json", {"bos_token": BOS_TOKEN, "eos_token": EOT_TOKEN})

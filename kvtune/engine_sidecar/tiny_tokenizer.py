@@ -30,11 +30,18 @@ def build_byte_tokenizer() -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
-    bos_id = tokenizer.token_to_id(BOS_TOKEN)
+    bos_id = special_id(tokenizer, BOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B", special_tokens=[(BOS_TOKEN, bos_id)]
     )
     return tokenizer
+
+
+def special_id(tokenizer: Tokenizer, token: str) -> int:
+    """The id of a special token this module added (always present)."""
+    token_id = tokenizer.token_to_id(token)
+    assert token_id is not None, f"{token} is not in the tokenizer"
+    return token_id
 
 
 def tokenizer_config() -> dict[str, object]:
