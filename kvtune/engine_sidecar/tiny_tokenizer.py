@@ -22,10 +22,27 @@ CHAT_TEMPLATE = (
 )
 
 
+def byte_symbols() -> list[str]:
+    """The printable character byte-level BPE writes for each byte value (GPT-2's convention): printable
+    Latin-1 bytes stand for themselves, the rest are shifted past 255 in byte order."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)}
+    symbols = []
+    shifted = 0
+    for byte in range(256):
+        if byte in printable:
+            symbols.append(chr(byte))
+        else:
+            symbols.append(chr(256 + shifted))
+            shifted += 1
+    return symbols
+
+
 def build_byte_tokenizer() -> Tokenizer:
-    """Byte-level BPE with no merges: ids 0..255 are the bytes, then BOS, EOS, EOT."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {symbol: index for index, symbol in enumerate(alphabet)}
+    """Byte-level BPE with no merges: id b is byte b (0..255), then BOS, EOS, EOT."""
+    symbols = byte_symbols()
+    if set(symbols) != set(pre_tokenizers.ByteLevel.alphabet()):
+        raise AssertionError("byte symbols disagree with the tokenizers library's byte-level alphabet")
+    vocab = {symbol: byte for byte, symbol in enumerate(symbols)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
