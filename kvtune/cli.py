@@ -17,6 +17,10 @@ from kvtune.errors import KvtuneError
 VERBS: dict[str, tuple[str, str]] = {
     "sim": ("kvtune.sim.command", "trace-driven KV-cache simulation (no model)"),
     "demo": ("kvtune.demo", "the main job on the embedded default, with a report"),
+    "tiny-model": (
+        "kvtune.engine_sidecar.tiny_model",
+        "write a seeded random-weight Llama checkpoint (HF format)",
+    ),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
