@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from kvtune.engine_sidecar.config import ModelConfig, parse_model_config, token_ids
 from kvtune.errors import KvtuneError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+_READ_ERRORS = (OSError, RuntimeError, ValueError, SafetensorError)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class Checkpoint:
                 with safe_open(str(path), framework="pt") as handle:
                     for name in file_names:
                         tensors[name] = handle.get_tensor(name).to(device=device, dtype=dtype)
-            except (OSError, RuntimeError, ValueError) as err:
+            except _READ_ERRORS as err:
                 raise KvtuneError(f"cannot read {path}: {err}") from err
         return tensors
 
@@ -88,7 +89,7 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
         try:
             with safe_open(str(path), framework="pt") as handle:
                 files.update({name: path for name in handle.keys()})  # noqa: SIM118 (safe_open is not a dict)
-        except (OSError, RuntimeError, ValueError) as err:
+        except _READ_ERRORS as err:
             raise KvtuneError(f"cannot read {path}: {err}") from err
     return files
 
