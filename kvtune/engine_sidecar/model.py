@@ -1,8 +1,8 @@
 """A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat varlen batch and the paged KV cache.
 
-Parameter names mirror the Hugging Face checkpoint layout (`model.layers.N.self_attn.q_proj.weight`, ...)
-so loading is a name-for-name copy. Attention never sees padding: new K/V go to their slots through
-`write_kv`, then decodes and prefill chunks read the cache through kvtune.kernels.
+Attention never sees padding: new K/V go to their slots through `write_kv`, then decodes and prefill chunks
+read the cache through kvtune.kernels. q/k/v and gate/up are each one fused matmul (one pass over the
+activations instead of three or two); `weight_names` maps them back to the checkpoint's separate tensors.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from kvtune.engine_sidecar.attention_metadata import AttentionMetadata
 from kvtune.engine_sidecar.checkpoint import open_checkpoint
 from kvtune.engine_sidecar.config import ModelConfig
 from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.rope import RotaryTable
+from kvtune.engine_sidecar.rope import RotaryTable, apply_rotary
+from kvtune.engine_sidecar.weight_names import checkpoint_names, gather_parameters
 from kvtune.kernels import paged_decode_attention, paged_prefill_attention, write_kv
 
 
@@ -40,6 +41,24 @@ def _linear(rows: int, cols: int, bias: bool) -> nn.Linear:
     return nn.Linear(cols, rows, bias=bias)
 
 
+class StepContext:
+    """What every layer of one forward pass shares: positions' rotary angles, metadata, cache, backend."""
+
+    def __init__(
+        self,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        metadata: AttentionMetadata,
+        cache: KVCache,
+        backend: str | None,
+    ) -> None:
+        self.cos = cos
+        self.sin = sin
+        self.metadata = metadata
+        self.cache = cache
+        self.backend = backend
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention: project, optional per-head q/k norm, RoPE, cache write, paged attention."""
 
@@ -49,34 +68,28 @@ class Attention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
-        self.q_proj = _linear(config.num_heads * config.head_dim, config.hidden_size, config.qkv_bias)
-        self.k_proj = _linear(config.num_kv_heads * config.head_dim, config.hidden_size, config.qkv_bias)
-        self.v_proj = _linear(config.num_kv_heads * config.head_dim, config.hidden_size, config.qkv_bias)
-        self.o_proj = _linear(config.hidden_size, config.num_heads * config.head_dim, config.o_bias)
+        self.qkv_proj = _linear(self.q_size + 2 * self.kv_size, config.hidden_size, config.qkv_bias)
+        self.o_proj = _linear(config.hidden_size, self.q_size, config.o_bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryTable,
-        metadata: AttentionMetadata,
-        cache: KVCache,
-        backend: str | None,
-    ) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, step: StepContext) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(hidden).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.contiguous().view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = rotary.rotate(q, positions)
-        k = rotary.rotate(k, positions)
+        q = apply_rotary(q, step.cos, step.sin)
+        k = apply_rotary(k, step.cos, step.sin)
+        cache, metadata = step.cache, step.metadata
         layer_cache = cache.layers[self.layer_index]
-        write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale, backend=backend)
+        write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale, backend=step.backend)
         out = torch.empty_like(q)
         decodes = metadata.num_decodes
         if decodes:
@@ -88,7 +101,7 @@ class Attention(nn.Module):
                 self.scale,
                 k_scale=cache.k_scale,
                 v_scale=cache.v_scale,
-                backend=backend,
+                backend=step.backend,
             )
         if decodes < metadata.num_seqs:
             out[decodes:] = paged_prefill_attention(
@@ -100,23 +113,24 @@ class Attention(nn.Module):
                 self.scale,
                 k_scale=cache.k_scale,
                 v_scale=cache.v_scale,
-                backend=backend,
+                backend=step.backend,
             )
-        projected: torch.Tensor = self.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+        projected: torch.Tensor = self.o_proj(out.view(tokens, self.q_size))
         return projected
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)), gate and up as one matmul."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = _linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
-        self.up_proj = _linear(config.intermediate_size, config.hidden_size, config.mlp_bias)
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = _linear(2 * config.intermediate_size, config.hidden_size, config.mlp_bias)
         self.down_proj = _linear(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        down: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return down
 
 
@@ -130,18 +144,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryTable,
-        metadata: AttentionMetadata,
-        cache: KVCache,
-        backend: str | None,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(
-            self.input_layernorm(hidden), positions, rotary, metadata, cache, backend
-        )
+    def forward(self, hidden: torch.Tensor, step: StepContext) -> torch.Tensor:
+        attended: torch.Tensor = self.self_attn(self.input_layernorm(hidden), step)
+        hidden = hidden + attended
         mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(hidden))
         return hidden + mlp_out
 
@@ -171,21 +176,33 @@ class CausalLM(nn.Module):
             self.lm_head = _linear(config.vocab_size, config.hidden_size, False)
         self.rotary: RotaryTable | None = None
 
-    def checkpoint_tensor_names(self) -> list[str]:
-        """Tensors this model reads from a checkpoint (a tied head reads the embedding instead)."""
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def parameter_names(self) -> list[str]:
+        """This model's own parameter names (fused projections; a tied head is the embedding itself)."""
         names = list(self.state_dict(keep_vars=True))
         if self.config.tie_word_embeddings:
             names.remove("lm_head.weight")
         return names
 
+    def checkpoint_tensor_names(self) -> list[str]:
+        """The checkpoint tensors this model reads."""
+        return checkpoint_names(self.parameter_names())
+
     def materialise(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Take the checkpoint's tensors as parameters and build the RoPE table on their device."""
-        self.load_state_dict(tensors, strict=not self.config.tie_word_embeddings, assign=True)
+        """Adopt the checkpoint's tensors (fusing q/k/v and gate/up) and build the RoPE table beside them."""
+        parameters = gather_parameters(self.parameter_names(), tensors)
+        self.load_state_dict(parameters, strict=not self.config.tie_word_embeddings, assign=True)
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        device = self.model.embed_tokens.weight.device
         self.rotary = RotaryTable(
-            self.config.rope, self.config.head_dim, self.config.max_position_embeddings, device
+            self.config.rope, self.config.head_dim, self.config.max_position_embeddings, self.device
         )
         self.requires_grad_(False)
         self.eval()
@@ -201,9 +218,11 @@ class CausalLM(nn.Module):
         """Logits `[num_seqs, vocab]` for each sequence's last new token, or `[num_tokens, vocab]` if
         `all_logits`. Writes every new token's K/V into `cache` as a side effect."""
         assert self.rotary is not None, "materialise() loads the weights first"
+        cos, sin = self.rotary.angles(positions, self.dtype)
+        step = StepContext(cos, sin, metadata, cache, self.attention_backend)
         hidden = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
-            hidden = layer(hidden, positions, self.rotary, metadata, cache, self.attention_backend)
+            hidden = layer(hidden, step)
         if not all_logits:
             hidden = hidden[metadata.last_token_rows]
         logits: torch.Tensor = self.lm_head(self.model.norm(hidden))

@@ -50,9 +50,12 @@ class RotaryTable:
         self.sin = doubled.sin()
         self.max_positions = max_positions
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x `[tokens, heads, head_dim]` by each token's position; result in x's dtype."""
-        cos = self.cos[positions].to(x.dtype).unsqueeze(1)
-        sin = self.sin[positions].to(x.dtype).unsqueeze(1)
-        first, second = x.chunk(2, dim=-1)
-        return x * cos + torch.cat((-second, first), dim=-1) * sin
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[tokens, 1, head_dim]` for a batch's positions, gathered once for all layers."""
+        return self.cos[positions].to(dtype).unsqueeze(1), self.sin[positions].to(dtype).unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x `[tokens, heads, head_dim]`: pair i is (x[i], x[i + head_dim / 2]), Llama's half-split layout."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin

@@ -39,7 +39,7 @@ class PagedRunner:
             model.config,
             block_size,
             num_tokens=block_size * num_blocks,
-            model_dtype=model.model.embed_tokens.weight.dtype,
+            model_dtype=model.dtype,
         )
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)
