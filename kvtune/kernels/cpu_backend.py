@@ -2,8 +2,8 @@
 
 This is what the engine runs on a machine without a GPU. The kernel walks each sequence's block table and
 streams its K/V rows straight from the cache, with no padded gather copy; the measured decode rate is in
-BENCHMARKS.md (`kvtune bench kernels`). Splits (flash-decoding) keep both cores busy when there are fewer
-(sequence, KV head) pairs than threads; their partials are merged by kvtune.kernels.merge.
+BENCHMARKS.md (`kvtune bench kernels`). Splits (flash-decoding) keep every core busy when there are fewer
+sequences than threads; their partials are merged by kvtune.kernels.merge.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def available() -> str | None:
     return None
 
 
-def default_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int) -> int:
-    """Enough key splits for two work items per thread, but none shorter than MIN_TOKENS_PER_SPLIT tokens."""
+def default_num_splits(num_seqs: int, max_seq_len: int) -> int:
+    """Enough key splits for two decode items (sequence x split) per thread, each ≥ MIN_TOKENS_PER_SPLIT."""
     threads = torch.get_num_threads()
-    wanted = -(-2 * threads // max(1, num_seqs * num_kv_heads))
+    wanted = -(-2 * threads // max(1, num_seqs))
     return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT))
 
 
@@ -135,7 +135,7 @@ def decode(
 ) -> torch.Tensor:
     num_seqs = q.shape[0]
     if num_splits is None:
-        num_splits = default_num_splits(num_seqs, kv_cache.shape[3], int(seq_lens.max()))
+        num_splits = default_num_splits(num_seqs, int(seq_lens.max()))
     starts = torch.arange(num_seqs + 1, dtype=torch.int32)
     return _attention(q, kv_cache, block_tables, starts, seq_lens, scale, k_scale, v_scale, num_splits, 1)
 

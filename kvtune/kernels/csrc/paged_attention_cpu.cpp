@@ -1,9 +1,13 @@
 // Paged attention for the CPU: K/V are read in place, block by block, through the block table (no gather
-// copy). One work item is (sequence, KV head, tile of query tokens, key split); it holds the G query heads
-// that share the KV head, so every K and V row is loaded once per item and used by all of them. Softmax is
-// the online (flash) form over chunks of keys, so scratch stays in L1/L2 however long the context is.
-// Output is float32 partials [splits, tokens, q_heads, head_dim] plus their log-sum-exp; Python merges the
-// splits (kvtune.kernels.merge) and casts.
+// copy). Two runners share the file:
+// - DecodeRunner (one query token per sequence, head_dim 32/64/128, group 1/2/4/8): an item is a
+//   (sequence, key split) with all KV heads, so each block is streamed front to back, and the work is
+//   written with explicit 16-lane vectors (GCC vector extensions).
+// - ItemRunner (prefill, and any other shape): an item is (sequence, KV head, tile of query tokens, split),
+//   holding the tile's rows for the G query heads that share the KV head.
+// Both use the online (flash) softmax over chunks of keys, so scratch stays in L1/L2 however long the
+// context is. Output is float32 partials [splits, tokens, q_heads, head_dim] plus their log-sum-exp;
+// Python merges the splits (kvtune.kernels.merge) and casts.
 
 #include <algorithm>
 #include <cmath>
@@ -298,6 +302,56 @@ using v16u = float __attribute__((vector_size(64), aligned(4)));
 
 inline v16 load16(const float* src) { return *reinterpret_cast<const v16u*>(src); }
 
+inline void store16(float* dst, v16 value) { *reinterpret_cast<v16u*>(dst) = value; }
+
+inline v16 splat(float value) { return v16{} + value; }
+
+// fast_exp on 16 lanes with explicit vector operations (the scalar version's clamps and select compile to
+// branches that keep the loop scalar): round-to-nearest by the 1.5 * 2^23 trick, then 2^n from the bits.
+inline v16 fast_exp16(v16 x) {
+    const v16 low = splat(-87.0f), high = splat(88.0f);
+    v16 clamped = x < low ? low : x;
+    clamped = clamped > high ? high : clamped;
+    const v16 magic = splat(12582912.0f);
+    const v16 n = (clamped * 1.44269504088896341f + magic) - magic;
+    const v16 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 poly = splat(1.9875691500e-4f);
+    poly = poly * r + 1.3981999507e-3f;
+    poly = poly * r + 8.3334519073e-3f;
+    poly = poly * r + 4.1665795894e-2f;
+    poly = poly * r + 1.6666665459e-1f;
+    poly = poly * r + 5.0000001201e-1f;
+    const v16 y = poly * r * r + r + 1.0f;
+    const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    const v16 result = y * (v16)bits;
+    return x < low ? v16{} : result;
+}
+
+using v16u8 = uint8_t __attribute__((vector_size(16), aligned(1)));
+using v16u16 = uint16_t __attribute__((vector_size(32), aligned(2)));
+using v16f16 = _Float16 __attribute__((vector_size(32), aligned(2)));
+
+// Sixteen cache elements widened to float32 in registers, one overload per cache type.
+inline v16 load16(const F16* src) {
+    return __builtin_convertvector(*reinterpret_cast<const v16f16*>(src), v16);
+}
+inline v16 load16(const Bf16* src) {
+    const v16i widened = __builtin_convertvector(*reinterpret_cast<const v16u16*>(src), v16i);
+    return (v16)(widened << 16);
+}
+// e4m3fn by bit arithmetic: normals move exponent and mantissa into place and rebias (7 -> 127);
+// subnormals are mantissa * 2^-9; S.1111.111 is NaN.
+inline v16 load16(const Fp8* src) {
+    const v16i byte = __builtin_convertvector(*reinterpret_cast<const v16u8*>(src), v16i);
+    const v16i magnitude = byte & 0x7F;
+    const v16i sign = (byte & 0x80) << 24;
+    const v16 normal = (v16)(((magnitude << 20) + (120 << 23)) | sign);
+    const v16 tiny = __builtin_convertvector(magnitude, v16) * 0.001953125f;
+    const v16 subnormal = (v16)((v16i)tiny | sign);
+    const v16 value = (magnitude >> 3) == 0 ? subnormal : normal;
+    return magnitude == 0x7F ? splat(std::numeric_limits<float>::quiet_NaN()) : value;
+}
+
 // Sums each of a, b, c, d across its 16 lanes; the four totals land in lanes 0-3. A tree of two-source
 // permutes costs about 4 operations per dot product where four separate horizontal sums cost about 10.
 inline v16 reduce4(v16 a, v16 b, v16 c, v16 d) {
@@ -316,16 +370,27 @@ inline v16 reduce4(v16 a, v16 b, v16 c, v16 d) {
     return __builtin_shuffle(pairs, even) + __builtin_shuffle(pairs, odd);
 }
 
-// Decode (one query token per item) with the group size and head_dim known at compile time: the G query
-// rows and their accumulators live in vector registers, and the G dot products of a key row are reduced
-// together by reduce4. Measured about 4x faster than the generic runner for the tiny model (G=4, D=32).
+// Decode (one query token per sequence) with the group size and head_dim known at compile time. An item is
+// a (sequence, key split) with all its KV heads, so each block is streamed front to back: a per-KV-head
+// walk would read one head's rows out of every cache line pair and waste half the bandwidth when a row is
+// shorter than 128 bytes (the tiny model's 2 KV heads x 32 dims). Within a block-run the heads are taken in
+// turn, their G query rows and accumulators held in vector registers, and the G dot products of a key row
+// are reduced together by reduce4.
 template <int kDim, int kGroup, typename T>
 class DecodeRunner {
     static constexpr int kVecs = kDim / 16;
     static constexpr int kRows = kGroup < 4 ? 4 : kGroup;  // padded to whole reduce4 groups
+    static constexpr int kScoreRows = kKeyChunk + 4;         // 4 spare token rows pad the softmax to whole vectors
 
   public:
-    explicit DecodeRunner(const KvtParams& p) : p_(p) {}
+    explicit DecodeRunner(const KvtParams& p)
+        : p_(p),
+          heads_(p.num_kv_heads),
+          q_(static_cast<size_t>(heads_) * kRows * kDim),
+          acc_(static_cast<size_t>(heads_) * kGroup * kDim),
+          scores_(static_cast<size_t>(heads_) * kScoreRows * kRows),
+          max_(static_cast<size_t>(heads_) * kGroup),
+          sum_(static_cast<size_t>(heads_) * kGroup) {}
 
     void run(const Item& item) {
         const int token = p_.query_start_loc[item.seq];
@@ -334,144 +399,155 @@ class DecodeRunner {
         const int lo = item.split * per_split;
         const int hi = std::min(seq_len, lo + per_split);
         const float q_scale = p_.scale * p_.k_scale;
-        for (int r = 0; r < kRows; ++r) {
-            const float* src =
-                p_.q + (static_cast<int64_t>(token) * p_.num_q_heads + item.head * kGroup + r) * kDim;
-            for (int d = 0; d < kDim; ++d) q_[r][d] = r < kGroup ? src[d] * q_scale : 0.0f;
+        for (int h = 0; h < heads_; ++h) {
+            for (int r = 0; r < kRows; ++r) {
+                float* dst = query(h, r);
+                if (r >= kGroup) {
+                    std::fill(dst, dst + kDim, 0.0f);
+                    continue;
+                }
+                const float* src = p_.q + (static_cast<int64_t>(token) * p_.num_q_heads + h * kGroup + r) * kDim;
+                for (int d = 0; d < kDim; ++d) dst[d] = src[d] * q_scale;
+            }
         }
-        for (int g = 0; g < kGroup; ++g) {
-            for (int d = 0; d < kDim; ++d) acc_[g][d] = 0.0f;
-            max_[g] = -std::numeric_limits<float>::infinity();
-            sum_[g] = 0.0f;
-        }
+        std::fill(acc_.begin(), acc_.end(), 0.0f);
+        std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
+        std::fill(sum_.begin(), sum_.end(), 0.0f);
         const int32_t* table = p_.block_tables + item.seq * p_.block_table_stride;
-        const T* k_base = static_cast<const T*>(p_.cache) + item.head * p_.stride_head;
+        const T* k_base = static_cast<const T*>(p_.cache);
         const T* v_base = k_base + p_.stride_kv;
         for (int chunk = lo; chunk < hi; chunk += kKeyChunk) {
             const int n = std::min(kKeyChunk, hi - chunk);
             scores(table, k_base, v_base, chunk, n, hi);
-            softmax(n);
+            for (int h = 0; h < heads_; ++h) softmax(h, n);
             values(table, v_base, chunk, n);
         }
-        for (int g = 0; g < kGroup; ++g) {
-            const int64_t slot =
-                (static_cast<int64_t>(item.split) * p_.num_tokens + token) * p_.num_q_heads + item.head * kGroup + g;
-            const float factor = sum_[g] > 0.0f ? p_.v_scale / sum_[g] : 0.0f;
-            for (int d = 0; d < kDim; ++d) p_.out[slot * kDim + d] = acc_[g][d] * factor;
-            p_.lse[slot] = sum_[g] > 0.0f ? max_[g] + std::log(sum_[g]) : -std::numeric_limits<float>::infinity();
+        for (int h = 0; h < heads_; ++h) {
+            for (int g = 0; g < kGroup; ++g) {
+                const int q_head = h * kGroup + g;
+                const int64_t slot = (static_cast<int64_t>(item.split) * p_.num_tokens + token) * p_.num_q_heads + q_head;
+                const float total = sum_[h * kGroup + g];
+                const float factor = total > 0.0f ? p_.v_scale / total : 0.0f;
+                const float* acc = accumulator(h, g);
+                for (int d = 0; d < kDim; ++d) p_.out[slot * kDim + d] = acc[d] * factor;
+                p_.lse[slot] = total > 0.0f ? max_[h * kGroup + g] + std::log(total)
+                                            : -std::numeric_limits<float>::infinity();
+            }
         }
     }
 
   private:
     const KvtParams& p_;
-    alignas(64) float q_[kRows][kDim];
-    alignas(64) float acc_[kGroup][kDim];
-    alignas(64) float scores_[kKeyChunk + 4][kRows];  // token-major; 4 spare rows pad to whole vectors
-    alignas(64) float row_[kDim];
-    float max_[kGroup], sum_[kGroup];
+    const int heads_;
+    std::vector<float> q_, acc_, scores_, max_, sum_;
 
-    const float* as_float(const T* src) {
-        if constexpr (std::is_same_v<T, float>) {
-            return src;
-        } else {
-#pragma omp simd
-            for (int d = 0; d < kDim; ++d) row_[d] = to_float(src[d]);
-            return row_;
-        }
+    float* query(int h, int r) { return q_.data() + (static_cast<size_t>(h) * kRows + r) * kDim; }
+    float* accumulator(int h, int g) { return acc_.data() + (static_cast<size_t>(h) * kGroup + g) * kDim; }
+    float* score_rows(int h) { return scores_.data() + static_cast<size_t>(h) * kScoreRows * kRows; }
+
+    // A block-run's rows for all heads are contiguous: prefetch them as one byte range.
+    void prefetch_run(const T* base, const int32_t* table, int t, int count) const {
+        const char* start = reinterpret_cast<const char*>(base + row_offset(p_, table, t));
+        const int64_t bytes = static_cast<int64_t>(count) * p_.stride_token * sizeof(T);
+        for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(start + line);
     }
 
     void scores(const int32_t* table, const T* k_base, const T* v_base, int chunk, int n, int hi) {
-        v16 q[kRows][kVecs];
-        for (int r = 0; r < kRows; ++r) {
-            for (int j = 0; j < kVecs; ++j) q[r][j] = load16(q_[r] + 16 * j);
-        }
         int index = 0;
         for (int t = chunk; t < chunk + n;) {
             const int run = std::min(p_.block_size - t % p_.block_size, chunk + n - t);
-            prefetch_rows<kDim>(p_, v_base, table, t, run);
-            const int ahead = t + run + kPrefetchBlocks * p_.block_size - p_.block_size;
-            if (ahead < hi) prefetch_rows<kDim>(p_, k_base, table, ahead, std::min(p_.block_size, hi - ahead));
-            const T* row = k_base + row_offset(p_, table, t);
-            for (int j = 0; j < run; ++j, ++index, row += p_.stride_token) {
-                const float* k = as_float(row);
-                v16 key[kVecs];
-                for (int v = 0; v < kVecs; ++v) key[v] = load16(k + 16 * v);
-                for (int r = 0; r < kRows; r += 4) {
-                    v16 dot[4];
-                    for (int i = 0; i < 4; ++i) {
-                        dot[i] = q[r + i][0] * key[0];
-                        for (int v = 1; v < kVecs; ++v) dot[i] += q[r + i][v] * key[v];
+            prefetch_run(v_base, table, t, run);
+            const int ahead = t + run + (kPrefetchBlocks - 1) * p_.block_size;
+            if (ahead < hi) prefetch_run(k_base, table, ahead, std::min(p_.block_size, hi - ahead));
+            const T* block_rows = k_base + row_offset(p_, table, t);
+            for (int h = 0; h < heads_; ++h) {
+                v16 q[kRows][kVecs];
+                for (int r = 0; r < kRows; ++r) {
+                    for (int j = 0; j < kVecs; ++j) q[r][j] = load16(query(h, r) + 16 * j);
+                }
+                float* out = score_rows(h) + static_cast<size_t>(index) * kRows;
+                const T* row = block_rows + h * p_.stride_head;
+                for (int j = 0; j < run; ++j, row += p_.stride_token, out += kRows) {
+                    v16 key[kVecs];
+                    for (int v = 0; v < kVecs; ++v) key[v] = load16(row + 16 * v);
+                    for (int r = 0; r < kRows; r += 4) {
+                        v16 dot[4];
+                        for (int i = 0; i < 4; ++i) {
+                            dot[i] = q[r + i][0] * key[0];
+                            for (int v = 1; v < kVecs; ++v) dot[i] += q[r + i][v] * key[v];
+                        }
+                        const v16 four = reduce4(dot[0], dot[1], dot[2], dot[3]);
+                        for (int i = 0; i < 4; ++i) out[r + i] = four[i];
                     }
-                    const v16 four = reduce4(dot[0], dot[1], dot[2], dot[3]);
-                    for (int i = 0; i < 4; ++i) scores_[index][r + i] = four[i];
                 }
             }
+            index += run;
             t += run;
         }
     }
 
-    void softmax(int n) {
+    void softmax(int h, int n) {
         const int padded = (n + 3) / 4 * 4;
-        for (int t = n; t < padded; ++t) {
-            for (int r = 0; r < kRows; ++r) scores_[t][r] = -std::numeric_limits<float>::infinity();
-        }
-        float* flat = &scores_[0][0];
+        float* flat = score_rows(h);
+        std::fill(flat + n * kRows, flat + padded * kRows, -std::numeric_limits<float>::infinity());
         const int count = padded * kRows;  // a multiple of 16 since kRows is 4 or 8
-        alignas(64) float top[16], shift[16], total[16];
-        for (int l = 0; l < 16; ++l) top[l] = -std::numeric_limits<float>::infinity();
+        v16 top16 = splat(-std::numeric_limits<float>::infinity());
         for (int i = 0; i < count; i += 16) {
-#pragma omp simd
-            for (int l = 0; l < 16; ++l) top[l] = std::max(top[l], flat[i + l]);
+            const v16 x = load16(flat + i);
+            top16 = x > top16 ? x : top16;
         }
         float rescale[kRows];
+        alignas(64) float shift[16];
         for (int r = 0; r < kRows; ++r) {
             float best = -std::numeric_limits<float>::infinity();
-            for (int l = r; l < 16; l += kRows) best = std::max(best, top[l]);
-            const float old = r < kGroup ? max_[r] : best;
+            for (int l = r; l < 16; l += kRows) best = std::max(best, top16[l]);
+            const float old = r < kGroup ? max_[h * kGroup + r] : best;
             const float updated = std::max(old, best);
             rescale[r] = fast_exp(old - updated);
-            if (r < kGroup) max_[r] = updated;
+            if (r < kGroup) max_[h * kGroup + r] = updated;
             for (int l = r; l < 16; l += kRows) shift[l] = updated;
         }
-        for (int l = 0; l < 16; ++l) total[l] = 0.0f;
+        const v16 shift16 = load16(shift);
+        v16 total = v16{};
         for (int i = 0; i < count; i += 16) {
-#pragma omp simd
-            for (int l = 0; l < 16; ++l) {
-                const float e = fast_exp(flat[i + l] - shift[l]);
-                flat[i + l] = e;
-                total[l] += e;
-            }
+            const v16 e = fast_exp16(load16(flat + i) - shift16);
+            store16(flat + i, e);
+            total += e;
         }
         for (int g = 0; g < kGroup; ++g) {
             float added = 0.0f;
             for (int l = g; l < 16; l += kRows) added += total[l];
-            sum_[g] = sum_[g] * rescale[g] + added;
-            for (int d = 0; d < kDim; ++d) acc_[g][d] *= rescale[g];
+            sum_[h * kGroup + g] = sum_[h * kGroup + g] * rescale[g] + added;
+            float* acc = accumulator(h, g);
+            for (int d = 0; d < kDim; ++d) acc[d] *= rescale[g];
         }
     }
 
     void values(const int32_t* table, const T* v_base, int chunk, int n) {
-        v16 acc[kGroup][kVecs];
-        for (int g = 0; g < kGroup; ++g) {
-            for (int j = 0; j < kVecs; ++j) acc[g][j] = load16(acc_[g] + 16 * j);
-        }
         int index = 0;
         for (int t = chunk; t < chunk + n;) {
             const int run = std::min(p_.block_size - t % p_.block_size, chunk + n - t);
-            const T* row = v_base + row_offset(p_, table, t);
-            for (int j = 0; j < run; ++j, ++index, row += p_.stride_token) {
-                const float* v = as_float(row);
-                v16 value[kVecs];
-                for (int i = 0; i < kVecs; ++i) value[i] = load16(v + 16 * i);
+            const T* block_rows = v_base + row_offset(p_, table, t);
+            for (int h = 0; h < heads_; ++h) {
+                v16 acc[kGroup][kVecs];
                 for (int g = 0; g < kGroup; ++g) {
-                    const float weight = scores_[index][g];
-                    for (int i = 0; i < kVecs; ++i) acc[g][i] += weight * value[i];
+                    for (int j = 0; j < kVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * j);
+                }
+                const float* weights = score_rows(h) + static_cast<size_t>(index) * kRows;
+                const T* row = block_rows + h * p_.stride_head;
+                for (int j = 0; j < run; ++j, row += p_.stride_token, weights += kRows) {
+                    v16 value[kVecs];
+                    for (int i = 0; i < kVecs; ++i) value[i] = load16(row + 16 * i);
+                    for (int g = 0; g < kGroup; ++g) {
+                        for (int i = 0; i < kVecs; ++i) acc[g][i] += weights[g] * value[i];
+                    }
+                }
+                for (int g = 0; g < kGroup; ++g) {
+                    for (int j = 0; j < kVecs; ++j) std::memcpy(accumulator(h, g) + 16 * j, &acc[g][j], sizeof(v16));
                 }
             }
+            index += run;
             t += run;
-        }
-        for (int g = 0; g < kGroup; ++g) {
-            for (int j = 0; j < kVecs; ++j) std::memcpy(acc_[g] + 16 * j, &acc[g][j], sizeof(v16));
         }
     }
 };
@@ -483,8 +559,12 @@ void run_with(const std::vector<Item>& items, Runner& runner) {
 }
 
 template <int kDim, int kGroup, typename T>
-bool try_decode(const KvtParams& p, const std::vector<Item>& items) {
+bool try_decode(const KvtParams& p) {
     if (p.num_q_heads != kGroup * p.num_kv_heads) return false;
+    std::vector<Item> items;
+    for (int seq = 0; seq < p.num_seqs; ++seq) {
+        for (int split = 0; split < p.num_splits; ++split) items.push_back({seq, 0, 0, 1, split});
+    }
 #pragma omp parallel num_threads(p.num_threads)
     {
         DecodeRunner<kDim, kGroup, T> runner(p);
@@ -496,8 +576,8 @@ bool try_decode(const KvtParams& p, const std::vector<Item>& items) {
 template <int kDim, typename T>
 void run_items(const KvtParams& p, const std::vector<Item>& items) {
     if constexpr (kDim != 0) {
-        if (p.query_tile == 1 && (try_decode<kDim, 1, T>(p, items) || try_decode<kDim, 2, T>(p, items) ||
-                                  try_decode<kDim, 4, T>(p, items) || try_decode<kDim, 8, T>(p, items))) {
+        if (p.query_tile == 1 && (try_decode<kDim, 1, T>(p) || try_decode<kDim, 2, T>(p) ||
+                                  try_decode<kDim, 4, T>(p) || try_decode<kDim, 8, T>(p))) {
             return;
         }
     }
