@@ -125,7 +125,9 @@ def write_tiny_model(folder: str | Path, spec: TinyModelSpec = TinyModelSpec()) 
     _write_json(path / "special_tokens_map.json", {"bos_token": BOS_TOKEN, "eos_token": EOT_TOKEN})
     _write_json(path / "config.json", _config_json(spec, vocab_size, bos_id, eos_ids))
     _write_json(path / "generation_config.json", {"bos_token_id": bos_id, "eos_token_id": eos_ids})
-    save_file(random_weights(spec, vocab_size), str(path / "model.safetensors"), metadata={"format": "pt"})
+    weights = path / "model.safetensors"
+    save_file(random_weights(spec, vocab_size), str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # safetensors writes 0600; a server in another container or user must read it
     return path
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from kvtune.engine_sidecar import tiny_model
 from kvtune.engine_sidecar.checkpoint import open_checkpoint
@@ -76,3 +77,16 @@ def test_cli_rejects_impossible_shapes(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(KvtuneError, match="not a folder"):
         _run_cli(str(tmp_path / "file"))
+
+
+def test_kvtune_cli_verb_writes_a_loadable_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvtune.cli import main
+
+    assert main(["tiny-model", str(tmp_path / "cli"), "--num-layers", "2", "--dtype", "bfloat16"]) == 0
+    assert "2-layer" in capsys.readouterr().out
+    config = open_checkpoint(tmp_path / "cli").config
+    assert config.num_layers == 2 and config.dtype == torch.bfloat16
+    assert main(["tiny-model", str(tmp_path / "bad"), "--num-heads", "6", "--num-kv-heads", "4"]) == 2
+    assert "multiple of" in capsys.readouterr().err
