@@ -27,6 +27,11 @@ def dot_dtype(activation: torch.dtype) -> tl.dtype:
     return _TL_DTYPES[activation]
 
 
+def dot_precision(activation: torch.dtype) -> str:
+    """IEEE for float32 dots (GPU default is TF32, too coarse for float32 models); 16-bit dots ignore it."""
+    return "ieee" if dot_dtype(activation) == tl.float32 else "tf32"
+
+
 def padded(n: int, minimum: int = 16) -> int:
     """The power of two ≥ n and ≥ minimum (tl.dot needs every dimension ≥ 16)."""
     return max(minimum, int(triton.next_power_of_2(n)))

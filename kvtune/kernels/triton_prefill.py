@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtune.kernels.triton_common import dot_dtype, interpreted, padded
+from kvtune.kernels.triton_common import dot_dtype, dot_precision, interpreted, padded
 
 LOG2E = 1.4426950408889634
 TILE = 64
@@ -47,6 +47,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -86,7 +87,7 @@ def _prefill_kernel(
         k = tl.load(cache_ptr + row[:, None] + dims[None, :], mask=load_mask, other=0.0).to(tl.float32)
         v = tl.load(cache_ptr + stride_c_kv + row[:, None] + dims[None, :], mask=load_mask, other=0.0)
         v = v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision="ieee")
+        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
         visible = token_ok[None, :] & (tokens[None, :] <= causal_bound[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
@@ -95,7 +96,9 @@ def _prefill_kernel(
         rescale = tl.exp2(row_max - safe_max)
         probs = tl.exp2(scores - safe_max[:, None])
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-        acc = acc * rescale[:, None] + tl.dot(probs.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision="ieee")
+        acc = acc * rescale[:, None] + tl.dot(
+            probs.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION
+        )
         row_max = new_max
 
     out = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None] * v_scale
@@ -152,5 +155,6 @@ def prefill(
         BLOCK_SIZE=block_size,
         TILE=TILE,
         DOT_DTYPE=dot_dtype(q.dtype),
+        DOT_PRECISION=dot_precision(q.dtype),
     )
     return out
