@@ -60,8 +60,17 @@ class BatchInputs:
     metadata: AttentionMetadata
 
 
-def build_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch.device | str) -> BatchInputs:
-    """Flatten scheduled chunks into model inputs; each chunk's blocks must cover context + new tokens."""
+def build_batch(
+    chunks: Sequence[ScheduledChunk],
+    block_size: int,
+    device: torch.device | str,
+    max_model_len: int | None = None,
+) -> BatchInputs:
+    """Flatten scheduled chunks into model inputs; each chunk's blocks must cover context + new tokens.
+
+    `max_model_len` is checked here, on the host, because a position past the RoPE table would otherwise
+    fail deep in an index (on a GPU, as a device-side assert that kills the process).
+    """
     if not chunks:
         raise KvtuneError("a batch needs at least one sequence")
     input_ids: list[int] = []
@@ -73,6 +82,8 @@ def build_batch(chunks: Sequence[ScheduledChunk], block_size: int, device: torch
         end = chunk.context_len + count
         if count < 1:
             raise KvtuneError("every scheduled sequence needs at least one new token")
+        if max_model_len is not None and end > max_model_len:
+            raise KvtuneError(f"a sequence of {end} tokens exceeds max_model_len {max_model_len}")
         if len(chunk.block_table) * block_size < end:
             raise KvtuneError(f"a sequence of {end} tokens does not fit its {len(chunk.block_table)} blocks")
         input_ids.extend(chunk.token_ids)

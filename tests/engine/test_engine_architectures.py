@@ -50,6 +50,7 @@ CASES: dict[str, tuple[str, dict[str, Any], Callable[[ModelConfig], bool]]] = {
     ),
     "tied": ("Llama", {"tie_word_embeddings": True}, lambda c: c.tie_word_embeddings),
     "attention-bias": ("Llama", {"attention_bias": True}, lambda c: c.o_bias and c.qkv_bias),
+    "mlp-bias": ("Llama", {"mlp_bias": True}, lambda c: c.mlp_bias),
 }
 
 

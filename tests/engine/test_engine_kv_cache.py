@@ -64,3 +64,5 @@ def test_batch_builder_rejects_bad_chunks() -> None:
         build_batch([ScheduledChunk([], 3, [0])], 16, "cpu")
     with pytest.raises(KvtuneError, match="does not fit"):
         build_batch([ScheduledChunk([1, 2], 15, [0])], 16, "cpu")
+    with pytest.raises(KvtuneError, match="exceeds max_model_len 16"):
+        build_batch([ScheduledChunk([1, 2], 15, [0, 1])], 16, "cpu", max_model_len=16)
