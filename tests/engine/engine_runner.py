@@ -57,7 +57,9 @@ class PagedRunner:
             chunks.append(ScheduledChunk(list(new_tokens), sequence.cached, list(sequence.block_table)))
         batch = build_batch(chunks, self.block_size, "cpu")
         with torch.no_grad():
-            logits = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache, all_logits)
+            logits: torch.Tensor = self.model(
+                batch.input_ids, batch.positions, batch.metadata, self.cache, all_logits
+            )
         for sequence, new_tokens in work:
             sequence.cached += len(new_tokens)
         return logits
