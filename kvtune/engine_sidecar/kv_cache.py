@@ -12,6 +12,7 @@ import torch
 from kvtune.engine_sidecar.config import ModelConfig
 from kvtune.errors import KvtuneError
 from kvtune.kernels import cache_dtype_name, kv_bytes_per_token, resolve_cache_dtype
+from kvtune.kernels.cache_alloc import allocate_kv_cache
 
 
 class KVCache:
@@ -31,8 +32,11 @@ class KVCache:
             raise KvtuneError("the KV cache needs at least one block")
         if block_size < 1 or block_size % 16 != 0:
             raise KvtuneError(f"block size must be a positive multiple of 16, got {block_size}")
-        shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
-        self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Uninitialised (huge pages on the CPU): the kernels read only slots that write_kv has filled.
+        self.layers = [
+            allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
+            for _ in range(num_layers)
+        ]
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype

@@ -1,4 +1,5 @@
-"""KV cache sizing (tokens or bytes, auto or FP8 dtype) and the batch builder's metadata."""
+"""KV cache sizing (tokens or bytes, auto or FP8 dtype), garbage in unwritten slots, and the batch builder's
+metadata."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_runner import PagedRunner, PagedSequence, backend_params
 
 from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
 from kvtune.engine_sidecar.checkpoint import open_checkpoint
 from kvtune.engine_sidecar.kv_cache import KVCache
+from kvtune.engine_sidecar.model import load_model
 from kvtune.errors import KvtuneError
 from kvtune.kernels import FP8_DTYPE
 
@@ -66,3 +69,20 @@ def test_batch_builder_rejects_bad_chunks() -> None:
         build_batch([ScheduledChunk([1, 2], 15, [0])], 16, "cpu")
     with pytest.raises(KvtuneError, match="exceeds max_model_len 16"):
         build_batch([ScheduledChunk([1, 2], 15, [0, 1])], 16, "cpu", max_model_len=16)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_unwritten_slots_never_leak_into_attention(tiny_dir: Path, backend: str) -> None:
+    """The cache is allocated uninitialised (and blocks are reused after frees): NaN in every slot not yet
+    written must not change a single logit."""
+    model = load_model(tiny_dir, attention_backend=backend)
+    tokens = list(range(40, 90))
+    expected = PagedRunner(model).step([(PagedSequence(), tokens)], all_logits=True)
+    dirty = PagedRunner(model)
+    for layer in dirty.cache.layers:
+        layer.fill_(float("nan"))
+    sequence = PagedSequence()
+    first = dirty.step([(sequence, tokens[:20])], all_logits=True)
+    second = dirty.step([(sequence, tokens[20:])], all_logits=True)
+    torch.testing.assert_close(torch.cat([first, second]), expected, atol=1e-5, rtol=0)
+    assert not dirty.step([(sequence, [3])]).isnan().any()
