@@ -1,0 +1,392 @@
+"""The engine loop: kvtune.core's scheduler and block pool driving a real model over the paged KV cache.
+
+One `step()` asks the scheduler for a batch, applies any copy-on-write block copies, runs one forward pass
+over every scheduled chunk (decodes first, then prefill chunks), samples a token for each sequence whose
+known tokens are all computed, and reports what each request gained. Preempted requests keep the tokens they
+already streamed and recompute prompt + output on readmission (vLLM V1), so no client sees a token twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
+from kvtune.core.accounting import tokens_held
+from kvtune.core.request import FinishReason, RequestStatus
+from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine_sidecar.checkpoint import open_checkpoint
+from kvtune.engine_sidecar.detokenize import IncrementalText
+from kvtune.engine_sidecar.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from kvtune.engine_sidecar.kv_cache import KVCache
+from kvtune.engine_sidecar.model import load_model
+from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
+from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.errors import KvtuneError
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class RequestOutput:
+    """What one request (one choice of it, for n > 1) gained in one step."""
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass
+class FinishedStats:
+    """Per-request figures the latency and size histograms observe once a request ends."""
+
+    finish_reason: str
+    queue_time: float
+    time_to_first_token: float | None
+    e2e_latency: float
+    prompt_tokens: int
+    generation_tokens: int
+    max_tokens: int
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic counters since boot, in vLLM's sense of each name."""
+
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    capped_requests: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Track:
+    """Engine-side state of one scheduled sequence."""
+
+    client_id: str
+    index: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    text: IncrementalText
+    arrival: float
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    children: list[Request] = field(default_factory=list)
+
+
+class LLMEngine:
+    """A paged-attention inference engine on one device."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+        folder = Path(config.model)
+        checkpoint = open_checkpoint(folder)
+        self.model_config = checkpoint.config
+        if config.dtype != "auto" and config.dtype not in _DTYPES:
+            raise KvtuneError(f"--dtype must be auto, {', '.join(_DTYPES)}; got {config.dtype!r}")
+        dtype = _DTYPES.get(config.dtype, checkpoint.config.dtype)
+        self.device = torch.device(config.device)
+        self.model = load_model(
+            folder, dtype=dtype, device=self.device, attention_backend=config.attention_backend
+        )
+        self.tokenizer = load_tokenizer(folder)
+        self.served_model_name = config.served_model_name or folder.name
+        self.cache = self._allocate_cache(dtype)
+        self.max_model_len = min(
+            config.max_model_len or self.model_config.max_model_len, self.cache.num_tokens
+        )
+        if config.max_model_len and config.max_model_len > self.model_config.max_model_len:
+            raise KvtuneError(
+                f"--max-model-len {config.max_model_len} exceeds the model's {self.model_config.max_model_len}"
+            )
+        self.allocator = make_allocator(
+            config.allocator,
+            self.cache.num_blocks,
+            self.cache.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            round_pow2=config.allocator == "contiguous",
+        )
+        self.scheduler = Scheduler(
+            self.allocator,
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                discard_output_on_preempt=False,
+            ),
+        )
+        self.max_tokens_cap = config.max_tokens_cap
+        self.sampler = Sampler()
+        self.counters = EngineCounters()
+        self._tracks: dict[str, _Track] = {}
+        self._finished_stats: list[FinishedStats] = []
+        self._itl: list[float] = []
+        self._eos = self.tokenizer.eos_token_ids | frozenset(self.model_config.eos_token_ids)
+
+    def _allocate_cache(self, dtype: torch.dtype) -> KVCache:
+        cfg = self.config
+        if cfg.kv_cache_tokens is not None:
+            return KVCache.for_model(
+                self.model_config, cfg.block_size, num_tokens=cfg.kv_cache_tokens,
+                cache_dtype=cfg.kv_cache_dtype, model_dtype=dtype, device=self.device,
+            )  # fmt: skip
+        memory = cfg.kv_cache_memory_bytes
+        if memory is None:
+            if self.device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(self.device)
+                memory = int(free - (1 - cfg.gpu_memory_utilization) * total)
+                if memory <= 0:
+                    raise KvtuneError(
+                        "no GPU memory is left for the KV cache at this --gpu-memory-utilization"
+                    )
+            else:
+                memory = DEFAULT_CPU_KV_BYTES
+        return KVCache.for_model(
+            self.model_config, cfg.block_size, memory_bytes=memory,
+            cache_dtype=cfg.kv_cache_dtype, model_dtype=dtype, device=self.device,
+        )  # fmt: skip
+
+    # --- requests ------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request (n > 1: its choices share the prompt's blocks). ValueError for what cannot run."""
+        params.validate(self.model_config.vocab_size)
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be below the vocabulary size {vocab}")
+        n_prompt = len(prompt_token_ids)
+        if n_prompt >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {n_prompt} tokens; this model's maximum context length is {self.max_model_len}"
+            )
+        if n_prompt + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens {params.max_tokens} + {n_prompt} prompt tokens exceeds the maximum context "
+                f"length {self.max_model_len}"
+            )
+        if self.max_tokens_cap is not None and params.max_tokens > self.max_tokens_cap:
+            params.max_tokens = self.max_tokens_cap
+            self.counters.capped_requests += 1
+        if any(t.client_id == request_id for t in self._tracks.values()):
+            raise ValueError(f"request id {request_id!r} is already running")
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        parent = self._make_request(request_id, 0, prompt_token_ids, params, arrival)
+        self.scheduler.add_request(parent)
+        track = self._tracks[parent.request_id]
+        for index in range(1, params.n):
+            track.children.append(self._make_request(request_id, index, prompt_token_ids, params, arrival))
+
+    def _make_request(
+        self, client_id: str, index: int, prompt: list[int], params: SamplingParams, arrival: float
+    ) -> Request:
+        rid = client_id if index == 0 else f"{client_id}#{index}"
+        expected = params.max_tokens if params.ignore_eos else None
+        req = Request(rid, list(prompt), params.max_tokens, expected_output_len=expected)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(params.seed + index)
+        decode = self.tokenizer.decode
+        self._tracks[rid] = _Track(
+            client_id, index, params, generator, IncrementalText(decode, params.stop), arrival
+        )
+        return req
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request and every choice of it, freeing their blocks (a client that went away)."""
+        for rid, track in list(self._tracks.items()):
+            if track.client_id != request_id:
+                continue
+            for child in track.children:
+                self._tracks.pop(child.request_id, None)
+            track.children.clear()
+            req = self.scheduler.abort(rid)
+            if req is not None:
+                self._record_finished(req, track)
+            self._tracks.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work
+
+    # --- live configuration (the operator's levers) ---------------------------------------------------
+    @property
+    def max_num_seqs(self) -> int:
+        return self.scheduler.config.max_num_seqs
+
+    def set_max_num_seqs(self, value: int) -> None:
+        """Takes effect at the next admission; lowering it evicts nobody, admission simply waits."""
+        if value <= 0:
+            raise ValueError(f"max_num_seqs must be positive, got {value}")
+        self.scheduler.config.max_num_seqs = value
+
+    def set_max_tokens_cap(self, value: int | None) -> None:
+        """Cap max_tokens of requests that arrive from now on (None: no cap)."""
+        if value is not None and value <= 0:
+            raise ValueError(f"max_tokens_cap must be positive, got {value}")
+        self.max_tokens_cap = value
+
+    # --- one step ------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler
+        preempted_before = sched.num_preemptions
+        out = sched.schedule()
+        self.counters.num_preemptions += sched.num_preemptions - preempted_before
+        now = time.monotonic()
+        for req in out.admitted:
+            track = self._tracks[req.request_id]
+            if track.scheduled_at is None:
+                track.scheduled_at = now
+            if req.num_preemptions == 0:
+                self.counters.prefix_cache_queries += req.num_prompt_tokens
+                self.counters.prefix_cache_hits += req.num_cached_tokens
+                self.counters.prompt_tokens += req.num_prompt_tokens if track.index == 0 else 0
+        if out.copies:
+            self._copy_blocks(out.copies)
+        if not out.requests:
+            return self._drain_finished([])
+        order = sorted(range(len(out.requests)), key=lambda i: out.num_tokens[i] != 1)
+        reqs = [out.requests[i] for i in order]
+        counts = [out.num_tokens[i] for i in order]
+        chunks = []
+        for req, n in zip(reqs, counts, strict=True):
+            start = req.num_computed_tokens - n
+            tokens = req.all_token_ids()[start : start + n] if n > 1 else [req.token_at(start)]
+            chunks.append(ScheduledChunk(tokens, start, self.allocator.block_table(req)))
+        batch = build_batch(chunks, self.cache.block_size, self.device, self.max_model_len)
+        with torch.inference_mode():
+            logits = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache)
+        rows = [i for i, req in enumerate(reqs) if req.num_computed_tokens == req.num_tokens]
+        sampling = [reqs[i] for i in rows]
+        row_logits = logits[rows]
+        # n > 1: a parent's first sample is where its choices split; they share its blocks from here.
+        extra_rows: list[int] = []
+        for j, req in enumerate(list(sampling)):
+            track = self._tracks[req.request_id]
+            while track.children:
+                child = track.children.pop(0)
+                if sched.fork_request(req, child):
+                    sampling.append(child)
+                    extra_rows.append(j)
+                else:
+                    sched.add_request(child)
+        if extra_rows:
+            row_logits = torch.cat([row_logits, row_logits[extra_rows]])
+        tracks = [self._tracks[r.request_id] for r in sampling]
+        tokens = self.sampler.sample(row_logits, [t.params for t in tracks], [t.generator for t in tracks])
+        outputs = [
+            self._append(req, track, token, now)
+            for req, track, token in zip(sampling, tracks, tokens, strict=True)
+        ]
+        return self._drain_finished(outputs)
+
+    def _append(self, req: Request, track: _Track, token: int, now: float) -> RequestOutput:
+        params = track.params
+        eos = not params.ignore_eos and (token in self._eos or token in params.stop_token_ids)
+        self.counters.generation_tokens += 1
+        if track.first_token_at is None:
+            track.first_token_at = now
+        elif track.last_token_at is not None:
+            self._itl.append(now - track.last_token_at)
+        track.last_token_at = now
+        done = self.scheduler.append_token(req, token, eos=eos)
+        visible = req.output_token_ids[:-1] if eos else req.output_token_ids
+        delta = track.text.update(visible, final=done)
+        if track.text.stopped_by is not None and not done:
+            self.scheduler.finish(req, FinishReason.STOP)
+            done = True
+        return RequestOutput(
+            request_id=track.client_id,
+            index=track.index,
+            new_token_ids=[token],
+            new_text=delta,
+            finished=done,
+            finish_reason=req.finish_reason.value if done and req.finish_reason else None,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=len(req.output_token_ids),
+            num_cached_tokens=req.num_cached_tokens,
+        )
+
+    def _drain_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        for req in self.scheduler.pop_finished():
+            track = self._tracks.pop(req.request_id, None)
+            if track is not None:
+                self._record_finished(req, track)
+        return outputs
+
+    def _record_finished(self, req: Request, track: _Track) -> None:
+        reason = req.finish_reason.value if req.finish_reason else FinishReason.ABORT.value
+        self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+        now = time.monotonic()
+        started = track.scheduled_at if track.scheduled_at is not None else now
+        self._finished_stats.append(
+            FinishedStats(
+                finish_reason=reason,
+                queue_time=started - track.arrival,
+                time_to_first_token=None
+                if track.first_token_at is None
+                else track.first_token_at - track.arrival,
+                e2e_latency=now - track.arrival,
+                prompt_tokens=req.num_prompt_tokens,
+                generation_tokens=len(req.output_token_ids),
+                max_tokens=track.params.max_tokens,
+            )
+        )
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for layer in self.cache.layers:
+            layer[dst] = layer[src]
+
+    # --- figures for metrics and logs ----------------------------------------------------------------
+    def pop_finished_stats(self) -> tuple[list[FinishedStats], list[float]]:
+        """Finished-request figures and inter-token latencies since the last call."""
+        stats, self._finished_stats = self._finished_stats, []
+        itl, self._itl = self._itl, []
+        return stats, itl
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + sum(len(t.children) for t in self._tracks.values())
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of the pool's blocks held by running requests (vLLM's kv_cache_usage_perc, 0-1)."""
+        return self.allocator.slots_held / self.allocator.num_slots
+
+    @property
+    def effective_utilization(self) -> float:
+        held = self.allocator.slots_held
+        return tokens_held(self.scheduler) / held if held else 1.0
+
+    @property
+    def held_empty_slots(self) -> int:
+        return self.allocator.slots_held - tokens_held(self.scheduler)
+
+    def request_status(self, request_id: str) -> RequestStatus | None:
+        req = self.scheduler.requests.get(request_id)
+        return None if req is None else req.status
