@@ -21,10 +21,12 @@ VERBS: dict[str, tuple[str, str]] = {
         "kvtune.engine_sidecar.tiny_model",
         "write a seeded random-weight Llama checkpoint (HF format)",
     ),
+    "serve": ("kvtune.engine_sidecar.serve", "the engine server (OpenAI-compatible API, /metrics, admin API)"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
     "sim": ("kvtune.sim.bench", "simulator steps per second for each allocation policy"),
+    "serve": ("kvtune.engine_sidecar.bench_serve", "load generator for any OpenAI-compatible server"),
 }
 
 

@@ -1,0 +1,107 @@
+"""`GET`/`PATCH /admin/config`: the operator's live levers (max_num_seqs, the max_tokens cap).
+
+Guarded by a bearer token read from a file, so the secret never appears on a command line. Without a token
+the routes do not exist at all (404), so an engine started without one cannot be retuned by anyone.
+Changes run on the engine thread between steps; lowering max_num_seqs evicts nobody, admission just waits.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from kvtune.engine_sidecar.async_engine import AsyncEngine
+from kvtune.engine_sidecar.engine import LLMEngine
+from kvtune.engine_sidecar.protocol import error_body
+from kvtune.errors import KvtuneError
+
+logger = logging.getLogger(__name__)
+
+
+class AdminConfig(BaseModel):
+    max_num_seqs: int
+    max_tokens_cap: int | None
+
+
+class AdminConfigPatch(BaseModel):
+    """Fields absent from the body stay as they are; `"max_tokens_cap": null` removes the cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: StrictInt | None = Field(default=None, ge=1)
+    max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
+
+
+def read_token_file(path: str | Path) -> str:
+    """The admin bearer token: the file's content without surrounding whitespace (it must not be empty)."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise KvtuneError(f"--admin-token-file {path}: {err.strerror or err}") from err
+    if not token:
+        raise KvtuneError(f"--admin-token-file {path} is empty")
+    return token
+
+
+def _current(engine: LLMEngine) -> AdminConfig:
+    return AdminConfig(max_num_seqs=engine.max_num_seqs, max_tokens_cap=engine.max_tokens_cap)
+
+
+def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRouter:
+    """The admin routes, or an empty router when no token is configured (every admin path is then 404)."""
+    router = APIRouter()
+    if token is None:
+        return router
+    expected = f"Bearer {token}".encode()
+
+    def authorized(request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode()
+        return hmac.compare_digest(given, expected)
+
+    def unauthorized() -> JSONResponse:
+        return JSONResponse(
+            error_body(401, "a valid admin bearer token is required"),
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @router.get("/admin/config")
+    async def get_config(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized()
+        config = await async_engine.call(_current)
+        return JSONResponse(config.model_dump())
+
+    @router.patch("/admin/config")
+    async def patch_config(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized()
+        try:
+            patch = AdminConfigPatch.model_validate(json.loads(await request.body()))
+        except (ValueError, ValidationError) as err:
+            return JSONResponse(error_body(400, f"invalid admin config: {err}"), status_code=400)
+        fields = patch.model_fields_set
+
+        def apply(engine: LLMEngine) -> AdminConfig:
+            if "max_num_seqs" in fields and patch.max_num_seqs is not None:
+                engine.set_max_num_seqs(patch.max_num_seqs)
+            if "max_tokens_cap" in fields:
+                engine.set_max_tokens_cap(patch.max_tokens_cap)
+            return _current(engine)
+
+        if "max_num_seqs" in fields and patch.max_num_seqs is None:
+            return JSONResponse(error_body(400, "max_num_seqs cannot be null"), status_code=400)
+        try:
+            config = await async_engine.call(apply)
+        except ValueError as err:
+            return JSONResponse(error_body(400, str(err)), status_code=400)
+        logger.info("admin: max_num_seqs=%d max_tokens_cap=%s", config.max_num_seqs, config.max_tokens_cap)
+        return JSONResponse(config.model_dump())
+
+    return router

@@ -1,0 +1,113 @@
+"""The FastAPI app: OpenAI routes, /v1/models, /health, /metrics and the admin API, with errors as JSON.
+
+Every error a client can provoke leaves as an OpenAI-style `{"error": {...}}` body with a 4xx status:
+FastAPI's own 422 for a body it could not validate becomes a 400, unknown routes a JSON 404. A 500 is left
+only for a bug in the server, and even then the body is JSON and the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvtune.engine_sidecar.admin import build_admin_router
+from kvtune.engine_sidecar.async_engine import AsyncEngine
+from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
+from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
+from kvtune.engine_sidecar.protocol import ModelCard, ModelList, error_body
+from kvtune.engine_sidecar.stats_log import log_stats_forever
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody is left to read it
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        return JSONResponse(error_body(400, f"invalid request: {first.get('msg', err)}", param), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(err.status_code, str(err.detail)), err.status_code, headers=err.headers
+        )
+
+    @app.exception_handler(ClientGoneError)
+    async def client_gone(_: Request, __: ClientGoneError) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, err: Exception) -> JSONResponse:
+        logger.exception("unexpected error while serving a request")
+        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}"), 500)
+
+
+def build_app(
+    async_engine: AsyncEngine,
+    metrics: EngineMetrics | None = None,
+    admin_token: str | None = None,
+    log_stats_interval: float | None = 5.0,
+    model_root: str | None = None,
+) -> FastAPI:
+    """The server around `async_engine`, whose thread starts and stops with the app's lifespan."""
+    engine = async_engine.engine
+    metrics = metrics or EngineMetrics(engine)
+    metrics.update(async_engine.latest)
+    async_engine.add_listener(metrics.update)
+    serving = OpenAIServing(async_engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        logger_task = None
+        if log_stats_interval:
+            logger_task = asyncio.create_task(log_stats_forever(async_engine, log_stats_interval))
+        try:
+            yield
+        finally:
+            if logger_task is not None:
+                logger_task.cancel()
+            await asyncio.to_thread(async_engine.shutdown)
+
+    app = FastAPI(title="kvtune", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat_completions(request)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = ModelCard(id=engine.served_model_name, root=model_root, max_model_len=engine.max_model_len)
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not async_engine.is_running:
+            return JSONResponse(error_body(503, "the engine is not running"), 503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    app.include_router(build_admin_router(async_engine, admin_token))
+    return app
