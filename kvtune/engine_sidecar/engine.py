@@ -301,7 +301,8 @@ class LLMEngine:
 
     def _append(self, req: Request, track: _Track, token: int, now: float) -> RequestOutput:
         params = track.params
-        eos = not params.ignore_eos and (token in self._eos or token in params.stop_token_ids)
+        # ignore_eos ignores the model's EOS only; stop_token_ids the client asked for still stop (as vLLM).
+        eos = token in params.stop_token_ids or (not params.ignore_eos and token in self._eos)
         self.counters.generation_tokens += 1
         if track.first_token_at is None:
             track.first_token_at = now
@@ -311,9 +312,13 @@ class LLMEngine:
         done = self.scheduler.append_token(req, token, eos=eos)
         visible = req.output_token_ids[:-1] if eos else req.output_token_ids
         delta = track.text.update(visible, final=done)
-        if track.text.stopped_by is not None and not done:
-            self.scheduler.finish(req, FinishReason.STOP)
-            done = True
+        if track.text.stopped_by is not None:
+            # A stop string outranks max_tokens (vLLM checks it first): the reason is "stop" either way.
+            if done:
+                req.finish_reason = FinishReason.STOP
+            else:
+                self.scheduler.finish(req, FinishReason.STOP)
+                done = True
         return RequestOutput(
             request_id=track.client_id,
             index=track.index,
