@@ -184,14 +184,23 @@ class LLMEngine:
                 f"max_tokens {params.max_tokens} + {n_prompt} prompt tokens exceeds the maximum context "
                 f"length {self.max_model_len}"
             )
-        if self.max_tokens_cap is not None and params.max_tokens > self.max_tokens_cap:
-            params.max_tokens = self.max_tokens_cap
-            self.counters.capped_requests += 1
-        if any(t.client_id == request_id for t in self._tracks.values()):
+        # Choice i > 0 runs as "<id>#<i>": no new id may collide with a live one either way round.
+        choice_ids = [self._choice_id(request_id, i) for i in range(params.n)]
+        if any(t.client_id == request_id for t in self._tracks.values()) or any(
+            rid in self._tracks for rid in choice_ids
+        ):
             raise ValueError(f"request id {request_id!r} is already running")
+        cap, capped = self.max_tokens_cap, False
+        if cap is not None and params.max_tokens > cap:
+            params.max_tokens, capped = cap, True
         arrival = time.monotonic() if arrival_time is None else arrival_time
         parent = self._make_request(request_id, 0, prompt_token_ids, params, arrival)
-        self.scheduler.add_request(parent)
+        try:
+            self.scheduler.add_request(parent)  # refuses a request the whole pool could never hold
+        except ValueError:
+            del self._tracks[parent.request_id]
+            raise
+        self.counters.capped_requests += capped
         track = self._tracks[parent.request_id]
         for index in range(1, params.n):
             track.children.append(self._make_request(request_id, index, prompt_token_ids, params, arrival))
@@ -199,7 +208,7 @@ class LLMEngine:
     def _make_request(
         self, client_id: str, index: int, prompt: list[int], params: SamplingParams, arrival: float
     ) -> Request:
-        rid = client_id if index == 0 else f"{client_id}#{index}"
+        rid = self._choice_id(client_id, index)
         expected = params.max_tokens if params.ignore_eos else None
         req = Request(rid, list(prompt), params.max_tokens, expected_output_len=expected)
         generator = None
@@ -211,6 +220,10 @@ class LLMEngine:
             client_id, index, params, generator, IncrementalText(decode, params.stop), arrival
         )
         return req
+
+    @staticmethod
+    def _choice_id(client_id: str, index: int) -> str:
+        return client_id if index == 0 else f"{client_id}#{index}"
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request and every choice of it, freeing their blocks (a client that went away)."""
