@@ -19,6 +19,9 @@
 
 #include <omp.h>
 
+// The vector helpers must inline: an out-of-line call spills every live vector register around it.
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 #ifndef KVT_PREFETCH
 #define KVT_PREFETCH 4
 #endif
@@ -300,15 +303,15 @@ using v16 = float __attribute__((vector_size(64)));
 using v16i = int32_t __attribute__((vector_size(64)));
 using v16u = float __attribute__((vector_size(64), aligned(4)));
 
-inline v16 load16(const float* src) { return *reinterpret_cast<const v16u*>(src); }
+ALWAYS_INLINE v16 load16(const float* src) { return *reinterpret_cast<const v16u*>(src); }
 
-inline void store16(float* dst, v16 value) { *reinterpret_cast<v16u*>(dst) = value; }
+ALWAYS_INLINE void store16(float* dst, v16 value) { *reinterpret_cast<v16u*>(dst) = value; }
 
-inline v16 splat(float value) { return v16{} + value; }
+ALWAYS_INLINE v16 splat(float value) { return v16{} + value; }
 
 // fast_exp on 16 lanes with explicit vector operations (the scalar version's clamps and select compile to
 // branches that keep the loop scalar): round-to-nearest by the 1.5 * 2^23 trick, then 2^n from the bits.
-inline v16 fast_exp16(v16 x) {
+ALWAYS_INLINE v16 fast_exp16(v16 x) {
     const v16 low = splat(-87.0f), high = splat(88.0f);
     v16 clamped = x < low ? low : x;
     clamped = clamped > high ? high : clamped;
@@ -327,24 +330,35 @@ inline v16 fast_exp16(v16 x) {
     return x < low ? v16{} : result;
 }
 
-using v16u8 = uint8_t __attribute__((vector_size(16), aligned(1)));
-using v16u16 = uint16_t __attribute__((vector_size(32), aligned(2)));
-using v16f16 = _Float16 __attribute__((vector_size(32), aligned(2)));
+using v16u8 = uint8_t __attribute__((vector_size(16)));
+using v16u16 = uint16_t __attribute__((vector_size(32)));
+using v16u32 = uint32_t __attribute__((vector_size(64)));
+using v16f16 = _Float16 __attribute__((vector_size(32)));
+
+// Unaligned vector loads by memcpy: GCC turns it into one vector load, where dereferencing an
+// under-aligned vector type can become one scalar load per element.
+template <typename V, typename E>
+ALWAYS_INLINE V load_vector(const E* src) {
+    V value;
+    std::memcpy(&value, src, sizeof(V));
+    return value;
+}
 
 // Sixteen cache elements widened to float32 in registers, one overload per cache type.
-inline v16 load16(const F16* src) {
-    return __builtin_convertvector(*reinterpret_cast<const v16f16*>(src), v16);
+ALWAYS_INLINE v16 load16(const F16* src) {
+    return __builtin_convertvector(load_vector<v16f16>(src), v16);
 }
-inline v16 load16(const Bf16* src) {
-    const v16i widened = __builtin_convertvector(*reinterpret_cast<const v16u16*>(src), v16i);
+ALWAYS_INLINE v16 load16(const Bf16* src) {
+    const v16i widened = __builtin_convertvector(load_vector<v16u16>(src), v16i);
     return (v16)(widened << 16);
 }
 // e4m3fn by bit arithmetic: normals move exponent and mantissa into place and rebias (7 -> 127);
 // subnormals are mantissa * 2^-9; S.1111.111 is NaN.
-inline v16 load16(const Fp8* src) {
-    const v16i byte = __builtin_convertvector(*reinterpret_cast<const v16u8*>(src), v16i);
+ALWAYS_INLINE v16 load16(const Fp8* src) {
+    // Widening through 16 bits: GCC 12 scalarises a direct 8-to-32-bit vector conversion.
+    const v16i byte = __builtin_convertvector(__builtin_convertvector(load_vector<v16u8>(src), v16u16), v16i);
     const v16i magnitude = byte & 0x7F;
-    const v16i sign = (byte & 0x80) << 24;
+    const v16i sign = (v16i)((v16u32)(byte & 0x80) << 24);  // unsigned: no signed-shift overflow
     const v16 normal = (v16)(((magnitude << 20) + (120 << 23)) | sign);
     const v16 tiny = __builtin_convertvector(magnitude, v16) * 0.001953125f;
     const v16 subnormal = (v16)((v16i)tiny | sign);
@@ -354,7 +368,7 @@ inline v16 load16(const Fp8* src) {
 
 // Sums each of a, b, c, d across its 16 lanes; the four totals land in lanes 0-3. A tree of two-source
 // permutes costs about 4 operations per dot product where four separate horizontal sums cost about 10.
-inline v16 reduce4(v16 a, v16 b, v16 c, v16 d) {
+ALWAYS_INLINE v16 reduce4(v16 a, v16 b, v16 c, v16 d) {
     const v16i half_lo = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
     const v16i half_hi = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
     const v16 ab = __builtin_shuffle(a, b, half_lo) + __builtin_shuffle(a, b, half_hi);
