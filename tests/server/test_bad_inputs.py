@@ -1,0 +1,107 @@
+"""Whatever a client sends, it gets an OpenAI-style JSON error with a 4xx status, and the server serves on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import LiveServer
+
+BAD_COMPLETIONS: list[tuple[str, Any, int]] = [
+    ("negative max_tokens", {"prompt": "x", "max_tokens": -1}, 400),
+    ("zero max_tokens", {"prompt": "x", "max_tokens": 0}, 400),
+    ("absurd max_tokens", {"prompt": "x", "max_tokens": 10**12}, 400),
+    ("astronomic max_tokens", {"prompt": "x", "max_tokens": 10**40}, 400),
+    ("fractional max_tokens", {"prompt": "x", "max_tokens": 1.5}, 400),
+    ("prompt over max_model_len", {"prompt": "y" * 2000, "max_tokens": 1}, 400),
+    ("token prompt over max_model_len", {"prompt": [65] * 1024, "max_tokens": 1}, 400),
+    ("prompt plus max_tokens over max_model_len", {"prompt": "y" * 1000, "max_tokens": 100}, 400),
+    ("unknown model", {"model": "gpt-4", "prompt": "x"}, 404),
+    ("empty prompt", {"prompt": ""}, 400),
+    ("empty token prompt", {"prompt": []}, 400),
+    ("missing prompt", {"max_tokens": 3}, 400),
+    ("prompt of wrong type", {"prompt": 42}, 400),
+    ("token id out of vocabulary", {"prompt": [1, 2, 10**6]}, 400),
+    ("negative token id", {"prompt": [-1]}, 400),
+    ("batched prompts", {"prompt": ["a", "b"]}, 400),
+    ("temperature of wrong type", {"prompt": "x", "temperature": "hot"}, 400),
+    ("negative temperature", {"prompt": "x", "temperature": -1}, 400),
+    ("top_p out of range", {"prompt": "x", "top_p": 0}, 400),
+    ("top_k negative", {"prompt": "x", "top_k": -5}, 400),
+    ("n too large", {"prompt": "x", "n": 1000}, 400),
+    ("n zero", {"prompt": "x", "n": 0}, 400),
+    ("seed too large for torch", {"prompt": "x", "seed": 2**70}, 400),
+    ("stop of wrong type", {"prompt": "x", "stop": 5}, 400),
+    ("empty stop string", {"prompt": "x", "stop": [""]}, 400),
+    ("stop token id out of vocabulary", {"prompt": "x", "stop_token_ids": [10**9]}, 400),
+    ("stream of wrong type", {"prompt": "x", "stream": "maybe"}, 400),
+    ("body is a list", [1, 2, 3], 400),
+]
+BAD_CHAT: list[tuple[str, Any, int]] = [
+    ("no messages", {"messages": []}, 400),
+    ("message without role", {"messages": [{"content": "hi"}]}, 400),
+    ("content of wrong type", {"messages": [{"role": "user", "content": 7}]}, 400),
+    (
+        "negative max_completion_tokens",
+        {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2},
+        400,
+    ),
+    ("unknown model", {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}, 404),
+    (
+        "conversation over max_model_len",
+        {"messages": [{"role": "user", "content": "z" * 1100}], "max_tokens": 1},
+        400,
+    ),
+]
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"), [(b, s) for _, b, s in BAD_COMPLETIONS], ids=[i for i, _, _ in BAD_COMPLETIONS]
+)
+def test_bad_completion_requests(client: httpx.Client, body: Any, status: int) -> None:
+    assert_openai_error(client.post("/v1/completions", json=body), status)
+    if isinstance(body, dict) and "stream" not in body:
+        assert_openai_error(client.post("/v1/completions", json={**body, "stream": True}), status)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"), [(b, s) for _, b, s in BAD_CHAT], ids=[i for i, _, _ in BAD_CHAT]
+)
+def test_bad_chat_requests(client: httpx.Client, body: Any, status: int) -> None:
+    assert_openai_error(client.post("/v1/chat/completions", json=body), status)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"", b"\xff\xfe", b'{"prompt": "x", "max_tokens": NaN}', b"null", b'"just a string"'],
+    ids=["malformed", "empty", "not utf-8", "NaN", "null", "string"],
+)
+def test_malformed_bodies(client: httpx.Client, raw: bytes) -> None:
+    headers = {"content-type": "application/json"}
+    assert_openai_error(client.post("/v1/completions", content=raw, headers=headers), 400)
+    assert_openai_error(client.post("/v1/chat/completions", content=raw, headers=headers), 400)
+
+
+def test_unknown_route_and_method_are_json(client: httpx.Client) -> None:
+    assert_openai_error(client.get("/v1/nothing-here"), 404)
+    assert_openai_error(client.get("/v1/completions"), 405)
+
+
+def test_server_keeps_serving_after_bad_input(client: httpx.Client, server: LiveServer) -> None:
+    for _, body, _ in BAD_COMPLETIONS:
+        client.post("/v1/completions", json=body)
+    ok = client.post("/v1/completions", json={"prompt": "still here", "max_tokens": 3, "ignore_eos": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    assert client.get("/health").status_code == 200
+    server.wait_idle()
+    assert server.blocks_held() == 0
