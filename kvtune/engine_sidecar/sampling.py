@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 import torch
 
 MAX_STOP_STRINGS = 16
+# Below this temperature sampling is argmax (vLLM's _SAMPLING_EPS); dividing by it would overflow to inf/nan.
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass
 class SamplingParams:
-    """OpenAI-style knobs. `temperature == 0` is greedy."""
+    """OpenAI-style knobs. `temperature` below 1e-5 (0 included) is greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -50,7 +52,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -186,3 +186,15 @@ def test_extreme_seeds_sample_without_error(tiny_dir: Path) -> None:
     )
     assert all(len(done.tokens(rid, i)) == NEW_TOKENS for rid in ("hi", "lo") for i in (0, 1))
     assert_idle_and_all_free(engine)
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-38, 1e-44])
+def test_a_vanishing_temperature_is_greedy_and_breaks_no_batch(tiny_dir: Path, temperature: float) -> None:
+    expected = generate(make_engine(tiny_dir), {"g": PROMPT}, lambda _: greedy(NEW_TOKENS, ignore_eos=True))
+    engine = make_engine(tiny_dir)
+    engine.add_request("other", PROMPT, _sampled(5))
+    engine.add_request("cold", PROMPT, _sampled(None, temperature=temperature, top_p=0.5))
+    done = run_until_idle(engine)
+    assert done.tokens("cold") == expected.tokens("g")
+    assert len(done.tokens("other")) == NEW_TOKENS
+    assert_idle_and_all_free(engine)
