@@ -84,6 +84,7 @@ class _Track:
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission (a recompute's hit is not the client's)
     children: list[Request] = field(default_factory=list)
 
 
@@ -270,6 +271,7 @@ class LLMEngine:
             if track.scheduled_at is None:
                 track.scheduled_at = now
             if req.num_preemptions == 0:
+                track.num_cached_tokens = req.num_cached_tokens
                 self.counters.prefix_cache_queries += req.num_prompt_tokens
                 self.counters.prefix_cache_hits += req.num_cached_tokens
                 self.counters.prompt_tokens += req.num_prompt_tokens if track.index == 0 else 0
@@ -341,7 +343,7 @@ class LLMEngine:
             finish_reason=req.finish_reason.value if done and req.finish_reason else None,
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_token_ids),
-            num_cached_tokens=req.num_cached_tokens,
+            num_cached_tokens=track.num_cached_tokens,
         )
 
     def _drain_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

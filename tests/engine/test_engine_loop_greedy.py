@@ -81,6 +81,10 @@ def test_preempted_and_recomputed_requests_generate_the_same_tokens(
     done = generate(engine, WORKLOAD, _params)
     assert engine.counters.num_preemptions > 0
     _assert_same_tokens(done, baseline)
+    # Cached tokens are the prompt's hit at first admission (as vLLM reports them), not the recompute's
+    # hit on the request's own blocks; these random prompts share nothing.
+    assert {rid: done[rid].num_cached_tokens for rid in WORKLOAD} == dict.fromkeys(WORKLOAD, 0)
+    assert engine.counters.prefix_cache_hits == 0
     assert_idle_and_all_free(engine)
 
 
