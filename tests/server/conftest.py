@@ -1,27 +1,17 @@
-"""Server tests start the real `kvtune serve` stack (uvicorn, the engine thread, the tiny checkpoint) in a
-thread on a free loopback port, and talk to it over HTTP exactly as a client would."""
+"""Server tests start the real `kvtune serve` stack in a thread on a free loopback port (see live_server)
+and talk to it over HTTP exactly as a client would."""
 
 from __future__ import annotations
 
-import argparse
-import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import pytest
 import torch
 
-from kvtune.engine_sidecar import serve
-from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
-
-T = TypeVar("T")
-ADMIN_TOKEN = "test-admin-token"
+from tests.server.live_server import ADMIN_TOKEN, LiveServer, start_server
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -31,56 +21,6 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@dataclass
-class LiveServer:
-    """A running server and handles on its engine, for checks no HTTP endpoint exposes."""
-
-    url: str
-    built: serve.Server
-    thread: threading.Thread
-
-    def on_engine(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run `fn` on the engine thread between steps (the engine is not thread-safe)."""
-        return self.built.async_engine.call_sync(fn)
-
-    def wait_idle(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.on_engine(lambda e: e.has_unfinished_requests()):
-            if time.monotonic() > deadline:
-                raise AssertionError("the engine did not go idle")
-            time.sleep(0.05)
-
-    def blocks_held(self) -> int:
-        return self.on_engine(lambda e: e.allocator.slots_held // e.cache.block_size)
-
-    def counters(self) -> Any:
-        return self.built.async_engine.latest.counters
-
-    def stop(self) -> None:
-        self.built.uvicorn.should_exit = True
-        self.thread.join(30)
-
-
-def start_server(model_dir: Path, *flags: str) -> LiveServer:
-    parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
-    args = parser.parse_args(
-        ["--model", str(model_dir), "--served-model-name", "tiny", "--threads", "1", *flags]
-    )
-    built = serve.build_server(args)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    thread = threading.Thread(target=built.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not built.uvicorn.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    return LiveServer(f"http://127.0.0.1:{port}", built, thread)
 
 
 @pytest.fixture(scope="session")

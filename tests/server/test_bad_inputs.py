@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer
+from tests.server.live_server import LiveServer
 
 BAD_COMPLETIONS: list[tuple[str, Any, int]] = [
     ("negative max_tokens", {"prompt": "x", "max_tokens": -1}, 400),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.server.conftest import LiveServer
+from tests.server.live_server import LiveServer
 
 LONG = {"prompt": "q" * 100, "max_tokens": 400, "ignore_eos": True, "temperature": 0}
 
@@ -16,7 +17,7 @@ def aborted(server: LiveServer) -> int:
     return server.counters().finished.get("abort", 0)
 
 
-def wait_for(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import LiveServer
+from tests.server.live_server import LiveServer, scrape, total
 
 COUNTERS = [
     "vllm:num_preemptions_total",
@@ -35,26 +34,6 @@ HISTOGRAMS = [
     "vllm:request_generation_tokens",
     "vllm:request_params_max_tokens",
 ]
-PROMETHEUS_2_ACCEPT = (
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)
-
-
-def scrape(client: httpx.Client) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Sample name -> [(labels, value)], from the same parser Prometheus tooling uses."""
-    response = client.get("/metrics", headers={"Accept": PROMETHEUS_2_ACCEPT})
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return samples
-
-
-def total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
-    return sum(value for _, value in samples.get(name, []))
 
 
 def test_every_name_is_exposed_with_model_and_engine_labels(client: httpx.Client) -> None:

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tests.server.conftest import LiveServer
+from tests.server.live_server import LiveServer
 
 openai = pytest.importorskip("openai", reason="the openai client (dev dependency) is not installed")
 
 
 @pytest.fixture()
-def oai(server: LiveServer) -> openai.OpenAI:
+def oai(server: LiveServer) -> Any:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
-def test_models_lists_the_served_name(oai: openai.OpenAI) -> None:
+def test_models_lists_the_served_name(oai: Any) -> None:
     assert [m.id for m in oai.models.list().data] == ["tiny"]
 
 
-def test_completion_with_usage(oai: openai.OpenAI) -> None:
+def test_completion_with_usage(oai: Any) -> None:
     out = oai.completions.create(
         model="tiny", prompt="Hello", max_tokens=7, temperature=0, extra_body={"ignore_eos": True}
     )
@@ -28,14 +30,14 @@ def test_completion_with_usage(oai: openai.OpenAI) -> None:
     assert out.usage.prompt_tokens == 6  # BOS + five bytes
 
 
-def test_greedy_is_deterministic_and_token_prompts_work(oai: openai.OpenAI) -> None:
+def test_greedy_is_deterministic_and_token_prompts_work(oai: Any) -> None:
     ids = [256, 72, 101, 108, 108, 111]  # BOS + "Hello" in the byte-level tokenizer
     text = oai.completions.create(model="tiny", prompt="Hello", max_tokens=8, temperature=0).choices[0].text
     again = oai.completions.create(model="tiny", prompt=ids, max_tokens=8, temperature=0).choices[0].text
     assert text == again
 
 
-def test_chat_completion(oai: openai.OpenAI) -> None:
+def test_chat_completion(oai: Any) -> None:
     out = oai.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5, temperature=0
     )
@@ -44,7 +46,7 @@ def test_chat_completion(oai: openai.OpenAI) -> None:
     assert out.choices[0].finish_reason in ("stop", "length")
 
 
-def test_streamed_completion_matches_the_plain_one_and_ends_with_usage(oai: openai.OpenAI) -> None:
+def test_streamed_completion_matches_the_plain_one_and_ends_with_usage(oai: Any) -> None:
     plain = oai.completions.create(
         model="tiny", prompt="abc", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
     )
@@ -60,7 +62,7 @@ def test_streamed_completion_matches_the_plain_one_and_ends_with_usage(oai: open
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
-def test_streamed_chat(oai: openai.OpenAI) -> None:
+def test_streamed_chat(oai: Any) -> None:
     stream = oai.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "tell me"}], max_tokens=6, temperature=0,
         stream=True, extra_body={"ignore_eos": True},
@@ -71,7 +73,7 @@ def test_streamed_chat(oai: openai.OpenAI) -> None:
     assert all(c.usage is None for c in chunks)  # usage only when stream_options asks for it
 
 
-def test_n_equals_two_plain_and_streamed(oai: openai.OpenAI) -> None:
+def test_n_equals_two_plain_and_streamed(oai: Any) -> None:
     out = oai.completions.create(
         model="tiny",
         prompt="fork",
@@ -93,7 +95,7 @@ def test_n_equals_two_plain_and_streamed(oai: openai.OpenAI) -> None:
     assert finished == {0, 1}
 
 
-def test_client_errors_are_openai_errors(oai: openai.OpenAI) -> None:
+def test_client_errors_are_openai_errors(oai: Any) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         oai.completions.create(model="not-served", prompt="x", max_tokens=1)
     assert "not-served" in str(missing.value)

@@ -1,0 +1,150 @@
+"""The operator's levers (admin API) and the waiting-queue limit (503)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.live_server import ADMIN_TOKEN, LiveServer, scrape, total
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture()
+def restore_config(client: httpx.Client) -> Iterator[None]:
+    yield
+    reset = client.patch("/admin/config", json={"max_num_seqs": 8, "max_tokens_cap": None}, headers=AUTH)
+    assert reset.status_code == 200
+
+
+def test_admin_requires_the_token(client: httpx.Client) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_TOKEN}):
+        for response in (
+            client.get("/admin/config", headers=headers),
+            client.patch("/admin/config", json={"max_num_seqs": 2}, headers=headers),
+        ):
+            assert response.status_code == 401
+            assert response.json()["error"]["type"] == "authentication_error"
+    assert client.get("/admin/config", headers=AUTH).json() == {"max_num_seqs": 8, "max_tokens_cap": None}
+
+
+def test_admin_routes_do_not_exist_without_a_token(narrow_server: LiveServer) -> None:
+    with httpx.Client(base_url=narrow_server.url) as http:
+        assert http.get("/admin/config", headers=AUTH).status_code == 404
+        assert http.patch("/admin/config", json={"max_num_seqs": 2}, headers=AUTH).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"max_num_seqs": 0},
+        {"max_num_seqs": -3},
+        {"max_num_seqs": "4"},
+        {"max_num_seqs": 2.5},
+        {"max_num_seqs": True},
+        {"max_num_seqs": None},
+        {"max_tokens_cap": 0},
+        {"max_tokens_cap": "none"},
+        {"max_batch": 4},
+        [1],
+    ],
+)
+def test_admin_validation(client: httpx.Client, body: Any) -> None:
+    response = client.patch("/admin/config", json=body, headers=AUTH)
+    assert response.status_code == 400, response.text
+    assert "error" in response.json()
+
+
+def test_admin_malformed_json(client: httpx.Client) -> None:
+    response = client.patch(
+        "/admin/config", content=b"{oops", headers={**AUTH, "content-type": "application/json"}
+    )
+    assert response.status_code == 400
+
+
+def test_admin_changes_apply_live(client: httpx.Client, restore_config: None) -> None:
+    changed = client.patch("/admin/config", json={"max_num_seqs": 3, "max_tokens_cap": 4}, headers=AUTH)
+    assert changed.json() == {"max_num_seqs": 3, "max_tokens_cap": 4}
+    capped_before = total(scrape(client), "kvtune:capped_requests_total")
+    out = client.post(
+        "/v1/completions", json={"prompt": "cap me", "max_tokens": 50, "ignore_eos": True}
+    ).json()
+    assert out["usage"]["completion_tokens"] == 4 and out["choices"][0]["finish_reason"] == "length"
+    samples = scrape(client)
+    assert total(samples, "kvtune:max_num_seqs") == 3
+    assert total(samples, "kvtune:max_tokens_cap") == 4
+    assert total(samples, "kvtune:capped_requests_total") == capped_before + 1
+    # A partial patch leaves the other field alone; null removes the cap.
+    assert client.patch("/admin/config", json={"max_tokens_cap": None}, headers=AUTH).json() == {
+        "max_num_seqs": 3,
+        "max_tokens_cap": None,
+    }
+    assert total(scrape(client), "kvtune:max_tokens_cap") == 0
+
+
+def test_lowering_max_num_seqs_evicts_nobody(
+    client: httpx.Client, server: LiveServer, restore_config: None
+) -> None:
+    server.wait_idle()
+    results: list[dict[str, Any]] = []
+
+    def one() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            body = {"prompt": "p" * 20, "max_tokens": 120, "ignore_eos": True}
+            results.append(http.post("/v1/completions", json=body).json())
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while server.built.async_engine.latest.num_running < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    preempted = server.counters().num_preemptions
+    assert client.patch("/admin/config", json={"max_num_seqs": 1}, headers=AUTH).status_code == 200
+    assert server.built.async_engine.latest.num_running == 4  # nobody evicted by the change
+    for t in threads:
+        t.join(60)
+    assert [r["usage"]["completion_tokens"] for r in results] == [120] * 4
+    assert server.counters().num_preemptions == preempted
+
+
+def test_waiting_queue_over_the_limit_gets_503(narrow_server: LiveServer) -> None:
+    """max_num_seqs 1 and --max-waiting-requests 1: one runs, one waits, the third is refused."""
+    body = {"prompt": "w" * 30, "max_tokens": 600, "ignore_eos": True, "stream": True}
+    latest = narrow_server.built.async_engine
+
+    def wait_until(check: Any) -> None:
+        deadline = time.monotonic() + 20
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    with (
+        httpx.Client(base_url=narrow_server.url, timeout=60) as http,
+        http.stream("POST", "/v1/completions", json=body) as running,
+    ):
+        assert running.status_code == 200
+        wait_until(lambda: latest.latest.num_running == 1)
+        with http.stream("POST", "/v1/completions", json=body) as waiting:
+            assert waiting.status_code == 200
+            wait_until(lambda: latest.latest.num_waiting == 1)
+            refused = httpx.post(f"{narrow_server.url}/v1/completions", json={**body, "stream": False})
+            assert refused.status_code == 503
+            error = refused.json()["error"]
+            assert "--max-waiting-requests" in error["message"] and "retry" in error["message"]
+            refused_chat = httpx.post(
+                f"{narrow_server.url}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            )
+            assert refused_chat.status_code == 503
+    narrow_server.wait_idle()
+    assert narrow_server.blocks_held() == 0
+    with httpx.Client(base_url=narrow_server.url, timeout=60) as http:
+        ok = http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})
+        assert ok.status_code == 200
