@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from kvtune.engine_sidecar.protocol import (
     error_body,
 )
 from kvtune.errors import KvtuneError
+
+logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -182,6 +185,9 @@ class OpenAIServing:
             raise ApiError(400, str(err)) from None
         except (EngineOverloadedError, EngineDeadError) as err:
             raise ApiError(503, str(err), code="server_overloaded") from None
+        except Exception as err:  # a bug met while queueing: refuse this request, keep serving the rest
+            logger.exception("the engine could not queue %s", request_id)
+            raise ApiError(503, f"the engine could not accept this request: {err}") from None
 
     # --- /v1/completions --------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:

@@ -1,0 +1,94 @@
+"""The engine thread survives anything a request provokes: the affected requests fail with a JSON 503 (a
+retryable error, never a bare 500) and the server keeps serving with every block free."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvtune.cli import main
+from kvtune.engine_sidecar import serve
+from kvtune.engine_sidecar.engine import LLMEngine
+from tests.server.live_server import LiveServer
+
+
+def fail_next_step(engine: LLMEngine) -> None:
+    """Make the engine's next step raise once (on the engine thread, between steps)."""
+    original = engine.step
+
+    def failing() -> list[object]:
+        setattr(engine, "step", original)  # noqa: B010 (shadowing a method on purpose)
+        raise RuntimeError("injected failure")
+
+    setattr(engine, "step", failing)  # noqa: B010
+
+
+def fail_next_add(engine: LLMEngine) -> None:
+    original = engine.add_request
+
+    def failing(*args: object, **kwargs: object) -> None:
+        setattr(engine, "add_request", original)  # noqa: B010
+        raise RuntimeError("injected add failure")
+
+    setattr(engine, "add_request", failing)  # noqa: B010
+
+
+def assert_serving(client: httpx.Client, server: LiveServer) -> None:
+    ok = client.post("/v1/completions", json={"prompt": "fine", "max_tokens": 3, "ignore_eos": True})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    server.wait_idle()
+    assert server.blocks_held() == 0
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(
+    client: httpx.Client, server: LiveServer
+) -> None:
+    server.wait_idle()
+    server.on_engine(fail_next_step)
+    response = client.post("/v1/completions", json={"prompt": "boom", "max_tokens": 5})
+    assert response.status_code == 503
+    assert "injected failure" in response.json()["error"]["message"]
+    assert_serving(client, server)
+
+
+def test_a_failing_step_ends_a_stream_with_an_error_event(client: httpx.Client, server: LiveServer) -> None:
+    server.wait_idle()
+    server.on_engine(fail_next_step)
+    with client.stream(
+        "POST", "/v1/completions", json={"prompt": "boom", "max_tokens": 5, "stream": True}
+    ) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "injected failure" in json.loads(events[-2])["error"]["message"]
+    assert_serving(client, server)
+
+
+def test_a_failing_add_is_refused_without_a_500(client: httpx.Client, server: LiveServer) -> None:
+    server.on_engine(fail_next_add)
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 503 and "injected add failure" in response.json()["error"]["message"]
+    assert_serving(client, server)
+
+
+def test_serve_reports_a_missing_model_folder_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "kvtune: error: --model /nonexistent/model: no such folder"
+
+
+def test_serve_tiny_writes_the_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    config = serve.engine_config(parser.parse_args(["--tiny"]))
+    assert Path(config.model) == tmp_path / "kvtune" / "tiny"
+    assert (tmp_path / "kvtune" / "tiny" / "config.json").is_file()
+    stamp = os.stat(tmp_path / "kvtune" / "tiny" / "model.safetensors").st_mtime_ns
+    serve.engine_config(parser.parse_args(["--tiny"]))
+    assert os.stat(tmp_path / "kvtune" / "tiny" / "model.safetensors").st_mtime_ns == stamp
