@@ -1,0 +1,227 @@
+"""The remedy ladder, in the seed's order, as pure functions of a diagnosis: each says whether its remedy
+applies now, the current and recommended values, and the evidence.
+
+1. cap max_tokens server-side, 2. lower max_num_seqs, 3. flag prefix-hash defeats, 4. recommend FP8 KV.
+The tuner walks them one at a time; `kvtune doctor` prints them all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from kvtune.operator.diagnosis import Diagnosis
+from kvtune.operator.engine_view import (
+    KNOB_KV_CACHE_DTYPE,
+    KNOB_MAX_NUM_SEQS,
+    KNOB_MAX_TOKENS_CAP,
+    EngineView,
+)
+from kvtune.operator.policy import TuningPolicy
+
+FEEDBACK_STEP = 0.2  # each feedback step lowers max_num_seqs by this fraction (at least one)
+CAP_TOLERANCE = 1.1  # an existing cap within 10% of the recommendation is left alone
+
+
+class Remedy(Enum):
+    CAP_MAX_TOKENS = "cap_max_tokens"
+    LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
+    FLAG_PREFIX_DEFEAT = "flag_prefix_defeat"
+    RECOMMEND_FP8_KV = "recommend_fp8_kv"
+
+
+LADDER = (
+    Remedy.CAP_MAX_TOKENS,
+    Remedy.LOWER_MAX_NUM_SEQS,
+    Remedy.FLAG_PREFIX_DEFEAT,
+    Remedy.RECOMMEND_FP8_KV,
+)
+KNOBS = {
+    Remedy.CAP_MAX_TOKENS: KNOB_MAX_TOKENS_CAP,
+    Remedy.LOWER_MAX_NUM_SEQS: KNOB_MAX_NUM_SEQS,
+    Remedy.FLAG_PREFIX_DEFEAT: None,  # a flag, never an action
+    Remedy.RECOMMEND_FP8_KV: KNOB_KV_CACHE_DTYPE,
+}
+
+
+@dataclass(frozen=True)
+class Advice:
+    remedy: Remedy
+    applicable: bool
+    current: int | str | None
+    recommended: int | str | None
+    evidence: str
+
+    @property
+    def knob(self) -> str | None:
+        return KNOBS[self.remedy]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "remedy": self.remedy.value,
+            "applicable": self.applicable,
+            "current": self.current,
+            "recommended": self.recommended,
+            "evidence": self.evidence,
+        }
+
+
+def recommended_cap(d: Diagnosis, policy: TuningPolicy) -> int | None:
+    """Generation p99 x margin, rounded up to a multiple of 10, never below the policy's floor."""
+    if d.generation_len is None:
+        return None
+    cap = math.ceil(d.generation_len.p99 * policy.cap_margin / 10) * 10
+    return max(policy.cap_floor, cap)
+
+
+def cap_max_tokens(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Advice:
+    current = engine.max_tokens_cap
+    cap = recommended_cap(d, policy)
+
+    def advice(applicable: bool, evidence: str) -> Advice:
+        return Advice(Remedy.CAP_MAX_TOKENS, applicable, current, cap, evidence)
+
+    if cap is None:
+        return advice(False, "no finished requests yet: no generation-length distribution to size a cap from")
+    gen = d.generation_len
+    assert gen is not None
+    basis = (
+        f"generation length p50 {gen.p50:,.0f} / p99 {gen.p99:,.0f} tokens ({gen.count:.0f} requests since "
+        f"{gen.since}); cap = p99 x {policy.cap_margin:g}, floor {policy.cap_floor:,}"
+    )
+    if not d.preempting:
+        return advice(False, f"no preemption to fix; {basis}")
+    if engine.max_model_len is not None and cap >= engine.max_model_len:
+        return advice(
+            False, f"a cap of {cap:,} would not bind below max_model_len {engine.max_model_len:,}; {basis}"
+        )
+    if current is not None and current <= cap * CAP_TOLERANCE:
+        return advice(False, f"already capped at {current:,}; {basis}")
+    declared = d.declared_max_tokens
+    if declared is not None and declared.p99 <= cap:
+        return advice(
+            False,
+            f"clients already ask for at most ~{declared.p99:,.0f} tokens (p99): a cap would not bind; {basis}",
+        )
+    return advice(True, f"stops a runaway generation holding blocks; {basis}")
+
+
+def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, feedback: bool) -> Advice:
+    """First step sized from pool tokens / p95 footprint; later steps (feedback) shave 20% off the
+    residency actually reached, until preemption stops."""
+    current = engine.max_num_seqs
+    sized = d.real_concurrency_ceiling
+    figures = f"preemption rate {d.preemption_rate or 0:.2f}/s, running max {d.running_max or 0:.0f}"
+    if sized is not None and d.footprint_p95 is not None:
+        figures += f"; KV pool {engine.pool_tokens:,} tokens / p95 footprint {d.footprint_p95:,.0f} = {sized}"
+    if not d.preempting:
+        return Advice(Remedy.LOWER_MAX_NUM_SEQS, False, current, None, f"no preemption; {figures}")
+    if current is None:
+        return Advice(
+            Remedy.LOWER_MAX_NUM_SEQS, sized is not None, None, sized and policy.clamp(sized),
+            f"current max_num_seqs unknown; {figures}",
+        )  # fmt: skip
+    resident = min(current, math.ceil(d.running_max)) if d.running_max else current
+    if feedback or sized is None or sized >= resident:
+        target = resident - max(1, math.ceil(resident * FEEDBACK_STEP))
+        how = f"feedback: {resident} residents still preempt, step down {FEEDBACK_STEP:.0%}"
+    else:
+        target = sized
+        how = "sized from the real concurrency ceiling"
+    target = max(policy.clamp(target), current - policy.max_step)
+    if target >= current:
+        return Advice(
+            Remedy.LOWER_MAX_NUM_SEQS, False, current, current,
+            f"at the policy's floor ({policy.min_max_num_seqs}); {figures}",
+        )  # fmt: skip
+    return Advice(Remedy.LOWER_MAX_NUM_SEQS, True, current, target, f"{how}; {figures}")
+
+
+def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, unsafe: int | None) -> Advice:
+    """The way back up, with hysteresis: only with no preemption, requests waiting, max_num_seqs the
+    binding limit, and projected KV usage under the policy's target; never to a value that preempted."""
+    current = engine.max_num_seqs
+
+    def no(evidence: str) -> Advice:
+        return Advice(Remedy.LOWER_MAX_NUM_SEQS, False, current, current, evidence)
+
+    if current is None or d.preempting or d.preemption_rate is None:
+        return no("not a candidate for raising")
+    kv_max = d.kv_usage_max
+    if not d.waiting_max or kv_max is None or (d.running_max or 0) < current:
+        return no("nobody waits on max_num_seqs")
+    fit = math.floor(current * policy.raise_kv_target / max(kv_max, 0.01))
+    target = min(fit, current + policy.max_step, policy.max_max_num_seqs)
+    if unsafe is not None:
+        target = min(target, unsafe - 1)
+    if target <= current:
+        return no(
+            f"no headroom: KV usage max {kv_max:.0%} (target {policy.raise_kv_target:.0%}), unsafe {unsafe}"
+        )
+    return Advice(
+        Remedy.LOWER_MAX_NUM_SEQS, True, current, target,
+        f"raise: KV usage max {kv_max:.0%} at {current} residents, {d.waiting_mean or 0:.1f} waiting; "
+        f"projected {kv_max * target / current:.0%} at {target}",
+    )  # fmt: skip
+
+
+def flag_prefix_defeat(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Advice:
+    rate = d.prefix_hit_rate
+    rate_text = "n/a" if rate is None else f"{rate:.0%} ({d.prefix_hit_rate_source})"
+    if d.prefix_defeats:
+        reasons = ", ".join(f"{reason} x{count:.0f}" for reason, count in d.prefix_defeats)
+        return Advice(Remedy.FLAG_PREFIX_DEFEAT, True, rate_text, "fix the prompt layout",
+                      f"defeat report: {reasons}; hit rate {rate_text}")  # fmt: skip
+    if not policy.shared_prefix_tokens:
+        return Advice(Remedy.FLAG_PREFIX_DEFEAT, False, rate_text, None, "no shared prefix declared")
+    if rate is None or rate >= policy.min_prefix_hit_rate:
+        return Advice(Remedy.FLAG_PREFIX_DEFEAT, False, rate_text, None,
+                      f"hit rate {rate_text} with a declared {policy.shared_prefix_tokens}-token shared prefix")  # fmt: skip
+    block = engine.block_size
+    if block and policy.shared_prefix_tokens < block:
+        cause = (
+            f"the {policy.shared_prefix_tokens}-token shared prefix is shorter than one block ({block}): "
+            "blocks hash whole, so it shares nothing"
+        )
+    else:
+        cause = (
+            "something defeats the block hash: a per-request timestamp or user id ahead of the shared "
+            "text, or the prefix is not byte-identical"
+        )
+    return Advice(Remedy.FLAG_PREFIX_DEFEAT, True, rate_text, "fix the prompt layout",
+                  f"hit rate {rate_text} below {policy.min_prefix_hit_rate:.0%} although the policy declares a "
+                  f"{policy.shared_prefix_tokens}-token shared prefix; {cause}")  # fmt: skip
+
+
+def recommend_fp8_kv(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Advice:
+    dtype = engine.cache_dtype
+    if dtype is not None and dtype.startswith("fp8"):
+        return Advice(Remedy.RECOMMEND_FP8_KV, False, dtype, None, "KV cache is already FP8")
+    if not (d.preempting or d.saturated):
+        return Advice(Remedy.RECOMMEND_FP8_KV, False, dtype, None, "no persistent KV pressure")
+    pool = engine.pool_tokens
+    gain = f"KV pool {pool:,} -> ~{2 * pool:,} tokens" if pool else "about twice the tokens"
+    if d.real_concurrency_ceiling is not None:
+        gain += (
+            f", real concurrency ceiling {d.real_concurrency_ceiling} -> ~{2 * d.real_concurrency_ceiling}"
+        )
+    applied = (
+        "the policy allows applying it" if policy.allow_fp8 else "recommendation only (allow_fp8 is off)"
+    )
+    return Advice(
+        Remedy.RECOMMEND_FP8_KV, True, dtype, "fp8",
+        f"pressure persists (preemption rate {d.preemption_rate or 0:.2f}/s, KV usage max "
+        f"{(d.kv_usage_max or 0):.0%}); FP8 KV stores 2x the tokens in the same bytes: {gain}. "
+        "Caveat: quantised K/V cost some accuracy; check your evals, prefer calibrated scales. " + applied,
+    )  # fmt: skip
+
+
+def plan(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> list[Advice]:
+    """Every rung, in ladder order, as `kvtune doctor` shows them."""
+    return [
+        cap_max_tokens(d, engine, policy),
+        lower_max_num_seqs(d, engine, policy, feedback=False),
+        flag_prefix_defeat(d, engine, policy),
+        recommend_fp8_kv(d, engine, policy),
+    ]

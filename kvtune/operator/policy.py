@@ -1,0 +1,43 @@
+"""The tuning policy: what the operator may do and within which bounds (the CRD spec's pure twin)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Mode(Enum):
+    OBSERVE = "Observe"  # diagnose only
+    RECOMMEND = "Recommend"  # diagnose and say what to change
+    APPLY = "Apply"  # change it, where an actuator can
+
+
+@dataclass(frozen=True)
+class TuningPolicy:
+    mode: Mode = Mode.RECOMMEND
+    min_max_num_seqs: int = 1
+    max_max_num_seqs: int = 1024
+    cap_floor: int = 256  # the max_tokens cap never goes below this
+    cap_margin: float = 1.25  # cap = generation p99 x margin
+    evaluation_window_s: float = 60.0  # how long an action is watched before it is judged
+    cooldown_s: float = 60.0  # least time between two actions
+    max_step: int = 64  # largest change of max_num_seqs in one action
+    allow_fp8: bool = False  # FP8 KV is applied only when this says so (accuracy caveat)
+    shared_prefix_tokens: int = 0  # the workload declares a shared prefix this long (0: none declared)
+    min_prefix_hit_rate: float = 0.3  # below this, with a declared shared prefix, the hash is defeated
+    raise_kv_target: float = 0.85  # raise max_num_seqs only while projected KV usage stays under this
+    throughput_tolerance: float = 0.1  # a saturated window losing more goodput than this rolls back
+    unsafe_memory_s: float = 600.0  # how long a value that preempted blocks raising to it
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_max_num_seqs <= self.max_max_num_seqs:
+            raise ValueError("need 1 <= min_max_num_seqs <= max_max_num_seqs")
+        if self.cap_floor < 1 or self.cap_margin < 1.0 or self.max_step < 1:
+            raise ValueError("cap_floor and max_step must be positive and cap_margin >= 1")
+        if self.evaluation_window_s <= 0 or self.cooldown_s < 0:
+            raise ValueError("evaluation_window_s must be positive and cooldown_s >= 0")
+        if not 0 < self.raise_kv_target <= 1:
+            raise ValueError("raise_kv_target must be in (0, 1]")
+
+    def clamp(self, max_num_seqs: int) -> int:
+        return max(self.min_max_num_seqs, min(self.max_max_num_seqs, max_num_seqs))

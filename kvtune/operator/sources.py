@@ -1,0 +1,109 @@
+"""Where samples come from: an engine's own `/metrics`, or a Prometheus HTTP API with a label selector.
+
+Every failure (unreachable, HTTP error, unparsable body, no known series) becomes `NoData`; nothing raises
+out of `read()`, because a missing source must never turn into an action.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtune.operator.metric_names import ENGINE_PREFIXES
+from kvtune.operator.sample import NoData, SampleResult, Series, sample_from_series
+
+Clock = Callable[[], float]
+
+
+class MetricSource(Protocol):
+    def read(self) -> SampleResult: ...
+
+
+def parse_exposition(text: str, timestamp: float, source: str) -> SampleResult:
+    """A Prometheus text exposition (0.0.4 or OpenMetrics) -> Sample, or NoData when it does not parse."""
+    try:
+        series: list[Series] = [
+            (sample.name, sample.labels, float(sample.value))
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        ]
+    except ValueError as err:
+        return NoData(source, f"unparsable metrics: {err}", timestamp)
+    return sample_from_series(series, timestamp, source)
+
+
+class MetricsEndpoint:
+    """Scrape one engine's `/metrics` directly (the URL may be the server base or the full path)."""
+
+    def __init__(self, url: str, timeout: float = 5.0, clock: Clock = time.time) -> None:
+        base = url.rstrip("/")
+        self.url = base if base.endswith("/metrics") else f"{base}/metrics"
+        self.timeout = timeout
+        self.clock = clock
+
+    def read(self) -> SampleResult:
+        now = self.clock()
+        try:
+            response = httpx.get(self.url, timeout=self.timeout)
+        except httpx.HTTPError as err:
+            return NoData(self.url, f"unreachable: {type(err).__name__}: {err}", now)
+        if response.status_code != 200:
+            return NoData(self.url, f"HTTP {response.status_code}", now)
+        return parse_exposition(response.text, now, self.url)
+
+
+def selector_matchers(selector: str) -> str:
+    """`{job="vllm"}` or `job="vllm"` -> `job="vllm"` (the matchers that go inside braces)."""
+    inner = selector.strip()
+    if inner.startswith("{") and inner.endswith("}"):
+        inner = inner[1:-1]
+    return inner.strip().strip(",")
+
+
+class PrometheusSource:
+    """Instant queries against a Prometheus HTTP API: every engine series matching the label selector."""
+
+    def __init__(self, url: str, selector: str, timeout: float = 10.0, clock: Clock = time.time) -> None:
+        self.url = url.rstrip("/")
+        self.selector = selector
+        self.timeout = timeout
+        self.clock = clock
+
+    def query(self) -> str:
+        names = "|".join(f"{prefix}[:_].+" for prefix in ENGINE_PREFIXES)
+        matchers = selector_matchers(self.selector)
+        return "{" + f'__name__=~"{names}"' + (f",{matchers}" if matchers else "") + "}"
+
+    def read(self) -> SampleResult:
+        now = self.clock()
+        where = f"{self.url} {self.selector}"
+        try:
+            response = httpx.get(
+                f"{self.url}/api/v1/query", params={"query": self.query()}, timeout=self.timeout
+            )
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as err:
+            return NoData(where, f"unreachable: {type(err).__name__}: {err}", now)
+        if response.status_code != 200 or body.get("status") != "success":
+            return NoData(where, f"HTTP {response.status_code}: {body.get('error', 'query failed')}", now)
+        series: list[Series] = []
+        timestamp = None
+        try:
+            for item in body["data"]["result"]:
+                labels = dict(item["metric"])
+                name = labels.pop("__name__", "")
+                stamp, value = item["value"]
+                timestamp = float(stamp) if timestamp is None else max(timestamp, float(stamp))
+                series.append((name, labels, float(value)))
+        except (KeyError, TypeError, ValueError) as err:
+            return NoData(where, f"unexpected answer: {err}", now)
+        if not series:
+            return NoData(where, "no series match the selector", now)
+        stamp = timestamp if timestamp is not None and math.isfinite(timestamp) else now
+        return sample_from_series(series, stamp, where)

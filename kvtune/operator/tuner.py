@@ -1,0 +1,280 @@
+"""The tuner: `decide(window, engine, policy, state, now) -> (decision, new_state)`, a pure function.
+
+It walks the ladder one remedy at a time. An applied change is watched for one evaluation window and then
+judged: kept, or rolled back when preemptions rose or (under saturated demand) goodput fell. The next rung
+is tried only when the earlier ones are exhausted or do not apply. max_num_seqs also goes back up, with
+hysteresis, when nothing preempts, requests wait and KV usage has headroom; a value that preempted is not
+tried again for `unsafe_memory_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvtune.operator.diagnosis import Diagnosis, diagnose
+from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, EngineView
+from kvtune.operator.ladder import (
+    LADDER,
+    Advice,
+    Remedy,
+    cap_max_tokens,
+    flag_prefix_defeat,
+    lower_max_num_seqs,
+    raise_max_num_seqs,
+    recommend_fp8_kv,
+)
+from kvtune.operator.policy import Mode, TuningPolicy
+from kvtune.operator.window import Window
+
+HISTORY_LIMIT = 32
+
+Value = int | str | None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What an action is judged by, measured before and after it."""
+
+    preemption_rate: float | None
+    goodput: float | None
+    kv_usage_max: float | None
+    waiting_mean: float | None
+
+    @staticmethod
+    def of(d: Diagnosis) -> Figures:
+        return Figures(d.preemption_rate, d.goodput, d.kv_usage_max, d.waiting_mean)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    at: float
+    kind: str  # applied, rolled_back, recommended, flagged
+    remedy: Remedy
+    knob: str | None
+    before: Value
+    after: Value
+    reason: str
+    evidence: str
+    before_figures: Figures
+    after_figures: Figures | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An applied change waiting for its evaluation window."""
+
+    at: float
+    remedy: Remedy
+    knob: str
+    before: Value
+    after: Value
+    direction: str  # cap, lower, raise
+    before_figures: Figures
+
+
+@dataclass(frozen=True)
+class TunerState:
+    rung: Remedy | None = None  # the ladder position last reached
+    pending: Pending | None = None
+    last_action_at: float | None = None
+    unsafe_max_num_seqs: int | None = None  # lowest value seen preempting (blocks raising)
+    unsafe_since: float | None = None
+    exhausted: frozenset[Remedy] = frozenset()
+    reported: frozenset[str] = frozenset()  # recommendations/flags already in history
+    history: tuple[HistoryEntry, ...] = ()
+
+    def record(self, entry: HistoryEntry) -> TunerState:
+        return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])
+
+
+@dataclass(frozen=True)
+class Change:
+    knob: str
+    value: Value
+    before: Value
+    remedy: Remedy
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    diagnosis: Diagnosis
+    changes: tuple[Change, ...] = ()  # to apply now (Apply mode, through an actuator)
+    advice: tuple[Advice, ...] = ()  # recommendations and flags first raised now
+    note: str = ""
+
+
+def _mark_unsafe(state: TunerState, value: Value, now: float) -> TunerState:
+    if not isinstance(value, int):
+        return state
+    if state.unsafe_max_num_seqs is not None and state.unsafe_max_num_seqs <= value:
+        return replace(state, unsafe_since=now)
+    return replace(state, unsafe_max_num_seqs=value, unsafe_since=now)
+
+
+def _expire_unsafe(state: TunerState, policy: TuningPolicy, now: float) -> TunerState:
+    if state.unsafe_since is not None and now - state.unsafe_since > policy.unsafe_memory_s:
+        return replace(state, unsafe_max_num_seqs=None, unsafe_since=None)
+    return state
+
+
+def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
+    """Why the pending change must be rolled back, or None to keep it."""
+    before, after = pending.before_figures, Figures.of(d)
+    rate_before, rate_after = before.preemption_rate or 0.0, after.preemption_rate or 0.0
+    demand_held = (before.waiting_mean or 0) > 0 and (after.waiting_mean or 0) > 0
+    goodput_fell = (
+        demand_held
+        and before.goodput is not None
+        and after.goodput is not None
+        and after.goodput < before.goodput * (1 - policy.throughput_tolerance)
+    )
+    if pending.direction == "raise":
+        if rate_after > 0:
+            return f"preemptions appeared ({rate_after:.2f}/s) at {pending.after}"
+        if goodput_fell:
+            return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s"
+        return None
+    if rate_after > rate_before * (1 + policy.throughput_tolerance) and rate_after > 0:
+        return f"preemptions rose {rate_before:.2f} -> {rate_after:.2f}/s"
+    if goodput_fell and rate_after >= rate_before:
+        return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s without fewer preemptions"
+    return None
+
+
+def _evaluate(
+    pending: Pending, d: Diagnosis, policy: TuningPolicy, state: TunerState, now: float
+) -> tuple[TunerState, Change | None]:
+    after = Figures.of(d)
+    history = tuple(
+        replace(h, after_figures=after) if h.at == pending.at and h.kind == "applied" else h
+        for h in state.history
+    )
+    state = replace(state, pending=None, history=history)
+    reason = _judge(pending, d, policy)
+    if reason is None:
+        if pending.direction == "cap" and d.preempting:
+            state = replace(state, exhausted=state.exhausted | {Remedy.CAP_MAX_TOKENS})
+        return state, None
+    if pending.direction == "raise":
+        state = _mark_unsafe(state, pending.after, now)
+    else:
+        state = replace(state, exhausted=state.exhausted | {pending.remedy})
+    change = Change(pending.knob, pending.before, pending.after, pending.remedy, f"rollback: {reason}")
+    state = state.record(
+        HistoryEntry(
+            now,
+            "rolled_back",
+            pending.remedy,
+            pending.knob,
+            pending.after,
+            pending.before,
+            reason,
+            reason,
+            pending.before_figures,
+            after,
+        )
+    )
+    return replace(state, last_action_at=now), change
+
+
+def _act(
+    advice: Advice, direction: str, d: Diagnosis, state: TunerState, now: float
+) -> tuple[Decision, TunerState]:
+    assert advice.knob is not None
+    figures = Figures.of(d)
+    change = Change(advice.knob, advice.recommended, advice.current, advice.remedy, advice.evidence)
+    pending = Pending(now, advice.remedy, advice.knob, advice.current, advice.recommended, direction, figures)
+    state = replace(state, rung=advice.remedy, pending=pending, last_action_at=now)
+    if direction == "lower":
+        state = _mark_unsafe(state, advice.current, now)
+    state = state.record(
+        HistoryEntry(
+            now,
+            "applied",
+            advice.remedy,
+            advice.knob,
+            advice.current,
+            advice.recommended,
+            direction,
+            advice.evidence,
+            figures,
+        )
+    )
+    return Decision(d, (change,), note=f"{direction} {advice.knob}"), state
+
+
+def _report(advice: Advice, d: Diagnosis, state: TunerState, now: float) -> tuple[bool, TunerState]:
+    """Record a recommendation or flag in history once (per remedy and value)."""
+    key = f"{advice.remedy.value}={advice.recommended}"
+    if key in state.reported:
+        return False, state
+    kind = "flagged" if advice.knob is None else "recommended"
+    state = replace(state, reported=state.reported | {key}, rung=advice.remedy)
+    entry = HistoryEntry(now, kind, advice.remedy, advice.knob, advice.current, advice.recommended, kind,
+                         advice.evidence, Figures.of(d))  # fmt: skip
+    return True, state.record(entry)
+
+
+def _rung_advice(
+    remedy: Remedy, d: Diagnosis, engine: EngineView, policy: TuningPolicy, state: TunerState
+) -> Advice:
+    if remedy is Remedy.CAP_MAX_TOKENS:
+        return cap_max_tokens(d, engine, policy)
+    if remedy is Remedy.LOWER_MAX_NUM_SEQS:
+        return lower_max_num_seqs(d, engine, policy, feedback=state.unsafe_max_num_seqs is not None)
+    if remedy is Remedy.FLAG_PREFIX_DEFEAT:
+        return flag_prefix_defeat(d, engine, policy)
+    return recommend_fp8_kv(d, engine, policy)
+
+
+def _can_apply(advice: Advice, engine: EngineView, policy: TuningPolicy) -> bool:
+    if policy.mode is not Mode.APPLY or advice.knob is None or advice.knob not in engine.knobs:
+        return False
+    return advice.knob != KNOB_KV_CACHE_DTYPE or policy.allow_fp8
+
+
+def decide(
+    window: Window, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
+) -> tuple[Decision, TunerState]:
+    """One tuning step: diagnose the window since the last action, judge a pending change whose window
+    has passed, then take at most one ladder action (or raise recommendations and flags)."""
+    d = diagnose(window.since(state.last_action_at), engine)
+    if d.status == "no_data":
+        return Decision(d, note=d.findings[0].message), state
+    state = _expire_unsafe(state, policy, now)
+    if state.pending is not None:
+        if now - state.pending.at < policy.evaluation_window_s or d.samples < 2:
+            return Decision(d, note="evaluating the last change"), state
+        state, rollback = _evaluate(state.pending, d, policy, state, now)
+        if rollback is not None:
+            return Decision(d, (rollback,), note=rollback.reason), state
+    if state.last_action_at is not None and now - state.last_action_at < policy.cooldown_s:
+        return Decision(d, note="cooling down"), state
+    if d.samples < 2 or d.preemption_rate is None:
+        return Decision(d, note="waiting for a second sample"), state
+    if d.status == "idle" or policy.mode is Mode.OBSERVE:
+        return Decision(d, note=d.status if d.status == "idle" else "observe mode"), state
+    if not d.preempting:
+        up = raise_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
+        if up.applicable and _can_apply(up, engine, policy):
+            return _act(up, "raise", d, state, now)
+        if not d.saturated:
+            return Decision(d, note="stable"), state
+    raised: list[Advice] = []
+    for remedy in LADDER:
+        if remedy in state.exhausted:
+            continue
+        advice = _rung_advice(remedy, d, engine, policy, state)
+        if not advice.applicable:
+            continue
+        if _can_apply(advice, engine, policy):
+            direction = "cap" if remedy is Remedy.CAP_MAX_TOKENS else "lower"
+            decision, state = _act(advice, direction, d, state, now)
+            return replace(decision, advice=tuple(raised)), state
+        # a recommendation or a flag cannot be judged here, so it does not hold up the next rung
+        new, state = _report(advice, d, state, now)
+        if new:
+            raised.append(advice)
+    note = "ladder exhausted: pressure persists" if d.preempting or d.saturated else "stable"
+    return Decision(d, advice=tuple(raised), note=note), state
