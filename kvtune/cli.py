@@ -22,11 +22,14 @@ VERBS: dict[str, tuple[str, str]] = {
         "write a seeded random-weight Llama checkpoint (HF format)",
     ),
     "serve": ("kvtune.engine_sidecar.serve", "the engine server (OpenAI-compatible API, /metrics, admin API)"),
+    "doctor": ("kvtune.operator.doctor", "one-shot KV-cache diagnosis and the remedies in ladder order"),
+    "operator": ("kvtune.operator.command", "the tuning operator (--local: against one engine, no Kubernetes)"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
     "sim": ("kvtune.sim.bench", "simulator steps per second for each allocation policy"),
     "serve": ("kvtune.engine_sidecar.bench_serve", "load generator for any OpenAI-compatible server"),
+    "tuner": ("kvtune.operator.bench_tuner", "max_num_seqs tuner against a static sweep on a live engine"),
 }
 
 

@@ -33,7 +33,7 @@ class Distribution:
     p95: float
     p99: float
     count: float
-    since: str  # "window" or "engine start"
+    since: str  # "this window" or "since engine start"
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,11 @@ def distribution(window: Window, name: str) -> Distribution | None:
     delta = window.histogram_delta(name)
     chosen: tuple[Histogram, str] | None = None
     if delta is not None and delta.count >= MIN_OBSERVATIONS:
-        chosen = (delta, "window")
+        chosen = (delta, "this window")
     else:
         latest = window.histogram_latest(name)
         if latest is not None and latest.count > 0:
-            chosen = (latest, "engine start")
+            chosen = (latest, "since engine start")
     if chosen is None:
         return None
     histogram, since = chosen

@@ -87,7 +87,7 @@ def cap_max_tokens(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Ad
     gen = d.generation_len
     assert gen is not None
     basis = (
-        f"generation length p50 {gen.p50:,.0f} / p99 {gen.p99:,.0f} tokens ({gen.count:.0f} requests since "
+        f"generation length p50 {gen.p50:,.0f} / p99 {gen.p99:,.0f} tokens ({gen.count:.0f} requests, "
         f"{gen.since}); cap = p99 x {policy.cap_margin:g}, floor {policy.cap_floor:,}"
     )
     if not d.preempting:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvtune.operator.diagnosis import Diagnosis, diagnose
-from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, EngineView
+from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, EngineView
 from kvtune.operator.ladder import (
     LADDER,
     Advice,
@@ -23,6 +23,7 @@ from kvtune.operator.ladder import (
     raise_max_num_seqs,
     recommend_fp8_kv,
 )
+from kvtune.operator.metric_names import RUNNING
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.window import Window
 
@@ -116,6 +117,19 @@ def _expire_unsafe(state: TunerState, policy: TuningPolicy, now: float) -> Tuner
     if state.unsafe_since is not None and now - state.unsafe_since > policy.unsafe_memory_s:
         return replace(state, unsafe_max_num_seqs=None, unsafe_since=None)
     return state
+
+
+def settled_at(window: Window, pending: Pending, policy: TuningPolicy, now: float) -> float | None:
+    """When the change took effect: lowering max_num_seqs evicts nobody, so the new limit holds only once
+    the running requests have drained under it. Judging before that would blame the new value for the old
+    one's preemptions. After three evaluation windows the change is judged regardless."""
+    if pending.knob != KNOB_MAX_NUM_SEQS or not isinstance(pending.after, int):
+        return pending.at
+    for sample in window.since(pending.at).samples:
+        running = sample.gauges.get(RUNNING)
+        if running is None or running <= pending.after:
+            return sample.timestamp
+    return pending.at if now - pending.at >= 3 * policy.evaluation_window_s else None
 
 
 def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
@@ -244,7 +258,11 @@ def decide(
         return Decision(d, note=d.findings[0].message), state
     state = _expire_unsafe(state, policy, now)
     if state.pending is not None:
-        if now - state.pending.at < policy.evaluation_window_s or d.samples < 2:
+        settled = settled_at(window, state.pending, policy, now)
+        if settled is None:
+            return Decision(d, note="waiting for the running requests to settle under the new limit"), state
+        d = diagnose(window.since(settled), engine)
+        if now - settled < policy.evaluation_window_s or d.samples < 2:
             return Decision(d, note="evaluating the last change"), state
         state, rollback = _evaluate(state.pending, d, policy, state, now)
         if rollback is not None:

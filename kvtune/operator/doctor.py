@@ -1,0 +1,154 @@
+"""`kvtune doctor --metrics-url URL | --prometheus URL --selector S [--json]`: one-shot diagnosis and the
+remedies in ladder order, with concrete numbers a person can act on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from kvtune.errors import KvtuneError
+from kvtune.operator.diagnosis import Diagnosis, diagnose, no_data
+from kvtune.operator.engine_view import EngineView, engine_view_from_sample
+from kvtune.operator.ladder import Advice, plan
+from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.sample import NoData, Sample
+from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource
+from kvtune.operator.window import Window
+
+KNOB_LABELS = {
+    "cap_max_tokens": "max_tokens cap",
+    "lower_max_num_seqs": "max_num_seqs",
+    "flag_prefix_defeat": "prefix hit rate",
+    "recommend_fp8_kv": "kv_cache_dtype",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--metrics-url", help="an engine's /metrics (or its base URL)")
+    source.add_argument("--prometheus", metavar="URL", help="a Prometheus server's base URL")
+    parser.add_argument("--selector", help='label selector for --prometheus, e.g. job="vllm"')
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--window-seconds", type=float, default=10.0, help="span the samples cover")
+    parser.add_argument("--samples", type=int, default=2, help="samples taken across the window (>= 2)")
+    parser.add_argument(
+        "--max-num-seqs", type=int, help="the engine's max_num_seqs, when its metrics lack it"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, help="the engine's max_model_len, when its metrics lack it"
+    )
+    parser.add_argument("--cap-floor", type=int, default=TuningPolicy.cap_floor)
+    parser.add_argument("--min-max-num-seqs", type=int, default=TuningPolicy.min_max_num_seqs)
+    parser.add_argument("--shared-prefix-tokens", type=int, default=0, help="the workload's shared prefix")
+
+
+def collect(source: MetricSource, samples: int, window_seconds: float) -> tuple[list[Sample], NoData | None]:
+    """`samples` readings evenly spread over `window_seconds`; the last failure, if any."""
+    taken: list[Sample] = []
+    failure = None
+    gap = window_seconds / max(samples - 1, 1)
+    for i in range(samples):
+        if i:
+            time.sleep(gap)
+        result = source.read()
+        if isinstance(result, NoData):
+            failure = result
+        else:
+            taken.append(result)
+    return taken, failure
+
+
+def report(d: Diagnosis, engine: EngineView, remedies: list[Advice], source: str) -> dict[str, Any]:
+    gen = d.generation_len
+    return {
+        "source": source,
+        "status": d.status,
+        "findings": {
+            "preemption_rate": d.preemption_rate,
+            "preemptions": d.preemptions,
+            "kv_usage": d.kv_usage_mean,
+            "kv_usage_max": d.kv_usage_max,
+            "prefix_hit_rate": d.prefix_hit_rate,
+            "prefix_hit_rate_source": d.prefix_hit_rate_source,
+            "requests_running": d.running_mean,
+            "requests_waiting": d.waiting_mean,
+            "goodput_tokens_per_s": d.goodput,
+            "generation_p99": gen.p99 if gen else None,
+            "footprint_p95": d.footprint_p95,
+            "real_concurrency_ceiling": d.real_concurrency_ceiling,
+            "boot_line_concurrency": d.boot_line_concurrency,
+            "kv_pool_tokens": engine.pool_tokens,
+            "max_num_seqs": engine.max_num_seqs,
+            "window_seconds": d.window_seconds,
+            "samples": d.samples,
+            "notes": [
+                {"code": f.code, "severity": f.severity, "message": f.message, "evidence": f.evidence}
+                for f in d.findings
+            ],
+        },
+        "remedies": [advice.as_json() for advice in remedies],
+    }
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def format_text(data: dict[str, Any]) -> str:
+    findings = data["findings"]
+    lines = [
+        f"kvtune doctor: {data['source']} ({findings['samples']} samples over {findings['window_seconds']:.0f} s)"
+    ]
+    lines.append("Findings")
+    for note in findings["notes"] or [{"severity": "info", "message": "nothing to report", "evidence": ""}]:
+        lines.append(f"  [{note['severity']}] {note['message']}")
+        if note["evidence"]:
+            lines.append(f"      {note['evidence']}")
+    ceiling = findings["real_concurrency_ceiling"]
+    if ceiling is not None:
+        boot = findings["boot_line_concurrency"]
+        boot_text = "n/a" if boot is None else f"{boot:.2f}x"
+        lines.append(f"Real concurrency ceiling: {ceiling} (boot line: {boot_text})")
+    lines.append("Remedies, in ladder order")
+    for i, remedy in enumerate(data["remedies"], 1):
+        label = KNOB_LABELS[remedy["remedy"]]
+        if remedy["applicable"]:
+            current = "unset" if remedy["current"] is None else _number(remedy["current"])
+            what = f"{label}: {current} → {_number(remedy['recommended'])}"
+        else:
+            what = "not applicable"
+        lines.append(f"  {i}. {remedy['remedy']}: {what}")
+        lines.append(f"      {remedy['evidence']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.samples < 1 or args.window_seconds < 0:
+        raise KvtuneError("--samples must be >= 1 and --window-seconds >= 0")
+    source: MetricSource
+    if args.metrics_url:
+        source, where = MetricsEndpoint(args.metrics_url), args.metrics_url
+    else:
+        if not args.selector:
+            raise KvtuneError("--prometheus needs --selector")
+        source, where = PrometheusSource(args.prometheus, args.selector), f"{args.prometheus} {args.selector}"
+    try:
+        policy = TuningPolicy(
+            cap_floor=args.cap_floor,
+            min_max_num_seqs=args.min_max_num_seqs,
+            shared_prefix_tokens=args.shared_prefix_tokens,
+        )
+    except ValueError as err:
+        raise KvtuneError(str(err)) from None
+    samples, failure = collect(source, args.samples, args.window_seconds)
+    known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    engine = engine_view_from_sample(samples[-1] if samples else None, known)
+    if samples:
+        d = diagnose(Window.of(samples), engine)
+    else:
+        d = no_data(failure.reason if failure else "no sample")
+    data = report(d, engine, plan(d, engine, policy), where)
+    print(json.dumps(data, indent=2) if args.json else format_text(data))
+    return 1 if d.status == "no_data" else 0

@@ -1,0 +1,116 @@
+"""The operator loop against one engine, without Kubernetes: sample, decide, act, log, every interval.
+
+The same pure `decide` the in-cluster operator runs. An actuator failure is logged and the tuner's state
+is left as it was, so the change is simply tried again when still called for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvtune.operator.actuators import Actuator, ActuatorResult
+from kvtune.operator.engine_view import EngineView, engine_view_from_sample
+from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.sample import NoData, Sample
+from kvtune.operator.sources import MetricSource
+from kvtune.operator.tuner import Change, Decision, TunerState, decide
+from kvtune.operator.window import Window
+
+logger = logging.getLogger("kvtune.operator")
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One iteration of the loop, for logs, tests and benchmarks."""
+
+    at: float
+    decision: Decision | None
+    applied: tuple[tuple[Change, ActuatorResult], ...] = ()
+    no_data: str | None = None
+    state: TunerState = field(default_factory=TunerState)
+
+
+def window_length(policy: TuningPolicy, interval: float) -> int:
+    """Samples kept: enough to cover an evaluation window or a cooldown, whichever is longer."""
+    span = max(policy.evaluation_window_s, policy.cooldown_s)
+    return max(3, math.ceil(span / interval) + 2)
+
+
+def live_view(sample: Sample, actuator: Actuator) -> EngineView:
+    """The engine as its metrics describe it, with the knobs the actuator reads back (authoritative: the
+    gauges only move when the engine steps)."""
+    current = actuator.current()
+    known = EngineView(knobs=actuator.knobs)
+    if current.ok:
+        known = EngineView(
+            max_num_seqs=current.values.get("max_num_seqs"),
+            max_tokens_cap=current.values.get("max_tokens_cap"),
+            knobs=actuator.knobs,
+        )
+    view = engine_view_from_sample(sample, known)
+    if current.ok and current.values.get("max_tokens_cap") is None:
+        view = EngineView(**{**view.__dict__, "max_tokens_cap": None})
+    return view
+
+
+def step(
+    source: MetricSource,
+    actuator: Actuator,
+    policy: TuningPolicy,
+    state: TunerState,
+    samples: deque[Sample],
+    now: float,
+) -> Tick:
+    """Read one sample, decide, apply what the decision says; returns the tick with the new state."""
+    result = source.read()
+    if isinstance(result, NoData):
+        logger.warning("no data from %s: %s", result.source, result.reason)
+        return Tick(now, None, no_data=result.reason, state=state)
+    samples.append(result)
+    engine = live_view(result, actuator)
+    decision, new_state = decide(Window.of(samples), engine, policy, state, now)
+    for advice in decision.advice:
+        logger.info(
+            "%s: %s -> %s (%s)", advice.remedy.value, advice.current, advice.recommended, advice.evidence
+        )
+    applied: list[tuple[Change, ActuatorResult]] = []
+    for change in decision.changes:
+        outcome = actuator.apply(change.knob, change.value)
+        applied.append((change, outcome))
+        if outcome.ok:
+            logger.info(
+                "applied %s: %s -> %s (%s): %s", change.knob, change.before, change.value,
+                change.remedy.value, change.reason,
+            )  # fmt: skip
+        else:
+            logger.error("could not apply %s=%s: %s", change.knob, change.value, outcome.error)
+            new_state = state
+    return Tick(now, decision, tuple(applied), state=new_state)
+
+
+def run_loop(
+    source: MetricSource,
+    actuator: Actuator,
+    policy: TuningPolicy,
+    interval: float,
+    stop: threading.Event,
+    on_tick: Callable[[Tick], None] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> TunerState:
+    """Run until `stop` is set; every tick goes to `on_tick`."""
+    state = TunerState()
+    samples: deque[Sample] = deque(maxlen=window_length(policy, interval))
+    while not stop.is_set():
+        started = time.monotonic()
+        tick = step(source, actuator, policy, state, samples, clock())
+        state = tick.state
+        if on_tick is not None:
+            on_tick(tick)
+        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    return state
