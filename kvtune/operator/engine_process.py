@@ -1,0 +1,62 @@
+"""Start `kvtune serve` as a child process on a free loopback port (for benchmarks and tests): the operator
+reaches engines over HTTP only, so it starts one the same way a user would."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtune.operator.load import wait_for
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class EngineProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def kvtune_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvtune.cli", *args]
+
+
+def write_tiny_model(folder: Path) -> Path:
+    subprocess.run(kvtune_command("tiny-model", str(folder)), check=True, capture_output=True)
+    return folder
+
+
+def start_engine(model_dir: Path, token_file: Path, log: Path, *flags: str) -> EngineProcess:
+    """`kvtune serve --model DIR` with an admin token, one torch thread and the given flags."""
+    port = free_port()
+    command = kvtune_command(
+        "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--port", str(port),
+        "--threads", "1", "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
+    )  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    engine = EngineProcess(url, process, log)
+    try:
+        wait_for(f"{url}/metrics")
+    except TimeoutError:
+        engine.stop()
+        raise
+    return engine

@@ -1,0 +1,186 @@
+"""The ladder and the tuner on synthetic windows: order, one rung at a time, bounds, cooldown, max step,
+hysteresis and rollback. Time is explicit, so every case is exact."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvtune.operator.engine_view import EngineView
+from kvtune.operator.ladder import Remedy, plan
+from kvtune.operator.policy import Mode, TuningPolicy
+from kvtune.operator.sample import Sample
+from kvtune.operator.tuner import Decision, TunerState, decide
+from kvtune.operator.window import Window
+from tests.operator.helpers import kvtune_engine, synthetic
+
+POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=10, cooldown_s=10, cap_floor=64)
+
+
+def preempting(t0: float, t1: float, running: float = 8, **kw: float) -> list[Sample]:
+    return [synthetic(t0, preemptions=0, generated=0, kv=1.0, running=running, waiting=5, **kw),
+            synthetic(t1, preemptions=50, generated=5000, kv=1.0, running=running, waiting=5, **kw)]  # fmt: skip
+
+
+def calm(
+    t0: float, t1: float, running: float, kv: float, waiting: float = 5, base: float = 50
+) -> list[Sample]:
+    return [synthetic(t0, preemptions=base, generated=9000, kv=kv, running=running, waiting=waiting),
+            synthetic(t1, preemptions=base, generated=9000 + 800 * (t1 - t0), kv=kv, running=running,
+                      waiting=waiting)]  # fmt: skip
+
+
+def step(samples: list[Sample], engine: EngineView, state: TunerState, now: float,
+         policy: TuningPolicy = POLICY) -> tuple[Decision, TunerState]:  # fmt: skip
+    return decide(Window.of(samples), engine, policy, state, now)
+
+
+def test_cap_comes_first_when_clients_declare_more_than_they_use() -> None:
+    samples = preempting(0, 10, declared_max=1000)
+    decision, state = step(samples, kvtune_engine(), TunerState(), 10)
+    assert [(c.knob, c.value) for c in decision.changes] == [("max_tokens_cap", 250)]  # p99 199 x 1.25
+    assert state.rung is Remedy.CAP_MAX_TOKENS and state.pending is not None
+    # still preempting after the evaluation window: the cap is exhausted, the next rung starts
+    later = [*samples, synthetic(15, preemptions=60, generated=6000, kv=1.0, running=8, waiting=5,
+                                 declared_max=1000),
+             synthetic(21, preemptions=80, generated=7000, kv=1.0, running=8, waiting=5, declared_max=1000)]  # fmt: skip
+    decision, state = step(later, kvtune_engine(cap=250), state, 21)
+    assert Remedy.CAP_MAX_TOKENS in state.exhausted
+    assert [(c.knob, c.value) for c in decision.changes] == [("max_num_seqs", 3)]
+
+
+def test_cap_never_below_the_floor() -> None:
+    policy = replace(POLICY, cap_floor=400)
+    decision, _ = step(preempting(0, 10, declared_max=1000), kvtune_engine(), TunerState(), 10, policy)
+    assert decision.changes[0].value == 400
+
+
+def test_lower_is_sized_from_the_real_ceiling_when_the_cap_would_not_bind() -> None:
+    decision, state = step(preempting(0, 10), kvtune_engine(), TunerState(), 10)
+    assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_num_seqs", 64, 3)]
+    assert state.unsafe_max_num_seqs == 64
+    assert state.history[-1].kind == "applied" and "ceiling" in state.history[-1].evidence
+
+
+def test_bounds_and_max_step() -> None:
+    policy = replace(POLICY, min_max_num_seqs=5, max_step=10)
+    decision, _ = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10, policy)
+    assert decision.changes[0].value == 54  # sized 3, but at most 10 down
+    decision, _ = step(preempting(0, 10, running=6), kvtune_engine(6), TunerState(), 10, policy)
+    assert decision.changes[0].value == 5  # never below the floor
+    decision, _ = step(preempting(0, 10, running=5), kvtune_engine(5), TunerState(), 10, policy)
+    assert all(c.knob != "max_num_seqs" for c in decision.changes)  # exhausted at the floor
+
+
+def test_feedback_lowers_until_preemption_stops_then_flags_and_fp8_once_exhausted() -> None:
+    policy = replace(POLICY, min_max_num_seqs=2, shared_prefix_tokens=12)
+    _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10, policy)
+    samples = [synthetic(10, preemptions=50, generated=5000, kv=1, running=3, waiting=5),
+               synthetic(21, preemptions=70, generated=6000, kv=1, running=3, waiting=5)]  # fmt: skip
+    decision, state = step(samples, kvtune_engine(3), state, 21, policy)
+    assert [(c.before, c.value) for c in decision.changes] == [(3, 2)]
+    assert "feedback" in decision.changes[0].reason
+    samples = [synthetic(21, preemptions=70, generated=6000, kv=1, running=2, waiting=5),
+               synthetic(32, preemptions=90, generated=7000, kv=1, running=2, waiting=5)]  # fmt: skip
+    decision, state = step(samples, kvtune_engine(2), state, 32, policy)
+    # at the floor: lowering is exhausted, so rungs 3 and 4 begin, as a flag and a recommendation
+    assert decision.changes == ()
+    assert [a.remedy for a in decision.advice] == [Remedy.FLAG_PREFIX_DEFEAT, Remedy.RECOMMEND_FP8_KV]
+    assert "shorter than one block" in decision.advice[0].evidence
+    assert "2x the tokens" in decision.advice[1].evidence and "accuracy" in decision.advice[1].evidence
+    again, _ = step(samples, kvtune_engine(2), state, 33, policy)
+    assert again.advice == ()  # recorded once
+
+
+def test_fp8_is_applied_only_when_the_policy_allows_and_an_actuator_can() -> None:
+    policy = replace(POLICY, min_max_num_seqs=8, allow_fp8=True)
+    engine = replace(kvtune_engine(8), knobs=kvtune_engine().knobs | {"kv_cache_dtype"})
+    decision, _ = step(preempting(0, 10), engine, TunerState(), 10, policy)
+    assert [(c.knob, c.value) for c in decision.changes] == [("kv_cache_dtype", "fp8")]
+    decision, _ = step(preempting(0, 10), kvtune_engine(8), TunerState(), 10, policy)
+    assert decision.changes == () and decision.advice[-1].remedy is Remedy.RECOMMEND_FP8_KV
+
+
+def test_cooldown_and_evaluation_window_hold_the_next_action() -> None:
+    _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10)
+    samples = [*preempting(0, 10), synthetic(12, preemptions=60, generated=6000, kv=1, running=3, waiting=5),
+               synthetic(15, preemptions=70, generated=6500, kv=1, running=3, waiting=5)]  # fmt: skip
+    decision, held = step(samples, kvtune_engine(3), state, 15)
+    assert decision.changes == () and "evaluating" in decision.note and held == state
+
+
+def test_no_change_is_judged_before_running_requests_drain_under_the_new_limit() -> None:
+    _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10)
+    draining = [synthetic(t, preemptions=50 + t, generated=5000 + 100 * t, kv=1, running=8, waiting=5)
+                for t in (11, 15, 21)]  # fmt: skip
+    decision, held = step(draining, kvtune_engine(3), state, 21)
+    assert decision.changes == () and "settle" in decision.note and held.pending is not None
+
+
+def test_raise_with_hysteresis_and_rollback_when_it_preempts() -> None:
+    state = TunerState(unsafe_max_num_seqs=None)
+    decision, state = step(calm(0, 10, running=4, kv=0.5), kvtune_engine(4), state, 10)
+    assert [(c.before, c.value) for c in decision.changes] == [(4, 6)]  # 4 x 0.85 / 0.5 = 6.8
+    samples = [synthetic(10, preemptions=50, generated=9000, kv=0.9, running=6, waiting=5),
+               synthetic(21, preemptions=58, generated=18000, kv=1.0, running=6, waiting=5)]  # fmt: skip
+    decision, state = step(samples, kvtune_engine(6), state, 21)
+    assert [(c.before, c.value) for c in decision.changes] == [(6, 4)]
+    assert decision.changes[0].reason.startswith("rollback")
+    assert state.unsafe_max_num_seqs == 6 and state.history[-1].kind == "rolled_back"
+    assert state.history[-2].after_figures is not None  # the raise got its after figures
+    # headroom again later: the raise stops below the value that preempted
+    decision, state = step(calm(40, 50, running=4, kv=0.3, base=58), kvtune_engine(4), state, 50)
+    assert [(c.before, c.value) for c in decision.changes] == [(4, 5)]
+
+
+def test_no_raise_without_waiting_requests_or_headroom() -> None:
+    decision, _ = step(calm(0, 10, running=4, kv=0.5, waiting=0), kvtune_engine(4), TunerState(), 10)
+    assert decision.changes == ()
+    decision, _ = step(calm(0, 10, running=4, kv=0.8), kvtune_engine(4), TunerState(), 10)
+    assert decision.changes == ()
+
+
+def test_lower_rolled_back_when_preemptions_rise() -> None:
+    _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10)
+    worse = [synthetic(10, preemptions=50, generated=5000, kv=1, running=3, waiting=5),
+             synthetic(21, preemptions=200, generated=5500, kv=1, running=3, waiting=5)]  # fmt: skip
+    decision, state = step(worse, kvtune_engine(3), state, 21)
+    assert [(c.before, c.value) for c in decision.changes] == [(3, 64)]
+    assert Remedy.LOWER_MAX_NUM_SEQS in state.exhausted
+
+
+def test_modes_observe_and_recommend_change_nothing() -> None:
+    for mode in (Mode.OBSERVE, Mode.RECOMMEND):
+        decision, state = step(
+            preempting(0, 10), kvtune_engine(), TunerState(), 10, replace(POLICY, mode=mode)
+        )
+        assert decision.changes == ()
+    assert any(h.kind == "recommended" and h.after == 3 for h in state.history)
+
+
+def test_no_data_and_single_samples_never_act() -> None:
+    decision, state = step([], kvtune_engine(), TunerState(), 10)
+    assert decision.diagnosis.status == "no_data" and decision.changes == () and state == TunerState()
+    decision, _ = step(preempting(0, 10)[1:], kvtune_engine(), TunerState(), 10)
+    assert decision.changes == ()
+
+
+def test_zero_traffic_window_does_nothing() -> None:
+    quiet = [synthetic(t, preemptions=9, generated=100, kv=0, running=0) for t in (0, 10)]
+    decision, _ = step(quiet, kvtune_engine(), TunerState(), 10)
+    assert decision.changes == () and decision.note == "idle"
+
+
+def test_history_is_bounded() -> None:
+    state = TunerState()
+    for i in range(50):
+        _, state = step(preempting(100 * i, 100 * i + 10), kvtune_engine(64), replace(state, pending=None,
+                        last_action_at=None, unsafe_max_num_seqs=None), 100 * i + 10)  # fmt: skip
+    assert len(state.history) == 32
+
+
+def test_plan_lists_every_rung_in_ladder_order() -> None:
+    samples = preempting(0, 10)
+    d = decide(Window.of(samples), kvtune_engine(), POLICY, TunerState(), 10)[0].diagnosis
+    remedies = plan(d, kvtune_engine(), POLICY)
+    assert [r.remedy for r in remedies] == list(Remedy)
+    assert [r.applicable for r in remedies] == [False, True, False, True]
