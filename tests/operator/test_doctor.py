@@ -1,0 +1,80 @@
+"""`kvtune doctor`: the --json contract and the text report, on recorded scrapes served over HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from kvtune.cli import main
+from tests.operator.helpers import fixture_text
+
+REMEDIES = ["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv"]
+
+
+@pytest.fixture()
+def scrapes() -> Iterator[str]:
+    """/metrics answers the recorded t0 scrape first, then t1 (49 preemptions later)."""
+    bodies = [fixture_text("kvtune_preempting_t0.prom"), fixture_text("kvtune_preempting_t1.prom")]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = bodies.pop(0) if len(bodies) > 1 else bodies[0]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_json_contract(scrapes: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--metrics-url", scrapes, "--json", "--window-seconds", "0.2", "--samples", "2"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    findings = report["findings"]
+    for key in ("preemption_rate", "kv_usage", "prefix_hit_rate", "real_concurrency_ceiling"):
+        assert key in findings
+    assert findings["preemption_rate"] > 0
+    assert findings["real_concurrency_ceiling"] == 3
+    assert [r["remedy"] for r in report["remedies"]] == REMEDIES
+    for remedy in report["remedies"]:
+        assert set(remedy) == {"remedy", "applicable", "current", "recommended", "evidence"}
+        assert isinstance(remedy["applicable"], bool) and isinstance(remedy["evidence"], str)
+    lower = report["remedies"][1]
+    assert (lower["applicable"], lower["current"], lower["recommended"]) == (True, 64, 3)
+
+
+def test_text_report_has_concrete_numbers(scrapes: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--metrics-url", scrapes, "--window-seconds", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "max_num_seqs: 64 → 3" in out
+    assert "Real concurrency ceiling: 3" in out
+    assert out.index("cap_max_tokens") < out.index("lower_max_num_seqs") < out.index("recommend_fp8_kv")
+
+
+def test_unreachable_source_is_a_no_data_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--metrics-url", "http://127.0.0.1:9", "--json", "--window-seconds", "0"])
+    assert code == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "no_data"
+    assert not any(r["applicable"] for r in report["remedies"])
+
+
+def test_prometheus_needs_a_selector(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--prometheus", "http://127.0.0.1:9"]) == 2
+    assert "--selector" in capsys.readouterr().err
+
+
+def test_operator_without_local_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operator"]) == 2
+    assert "in-cluster" in capsys.readouterr().err
