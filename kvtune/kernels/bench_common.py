@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass
 
 import torch
@@ -72,5 +73,10 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def provenance() -> str:
+    """Machine, date, revision, and the load average: other work on the machine lowers every figure."""
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return f"Machine: {machine_description()}. Date: {today}. Revision: {git_revision()}. torch {torch.__version__}."
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"Machine: {machine_description()}. Date: {today}. Revision: {git_revision()}. torch {torch.__version__}. "
+        f"1-minute load average when the run started: {load:.2f}."
+    )

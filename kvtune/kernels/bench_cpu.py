@@ -52,6 +52,7 @@ def _time_layers(
 
 def run_cpu(batch: int, min_context: int, max_context: int, repeats: int, seed: int) -> tuple[str, str]:
     """Measure and return (printable table, markdown section)."""
+    started = provenance()
     ceiling = read_bandwidth(max(5, repeats))
     gen = torch.Generator().manual_seed(seed)
     seq_lens = torch.randint(min_context, max_context + 1, (batch,), generator=gen).tolist()
@@ -131,7 +132,7 @@ def run_cpu(batch: int, min_context: int, max_context: int, repeats: int, seed: 
         [
             "## kernels-cpu: `kvtune bench kernels`",
             method,
-            provenance(),
+            started,
             table,
             "Medians: " + "; ".join(medians) + ".",
         ]
