@@ -124,7 +124,7 @@ def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, f
         )  # fmt: skip
     resident = min(current, math.ceil(d.running_max)) if d.running_max else current
     if feedback or sized is None or sized >= resident:
-        target = resident - max(1, math.ceil(resident * FEEDBACK_STEP))
+        target = resident - max(1, math.floor(resident * FEEDBACK_STEP))
         how = f"feedback: {resident} residents still preempt, step down {FEEDBACK_STEP:.0%}"
     else:
         target = sized

@@ -25,7 +25,7 @@ class TuningPolicy:
     allow_fp8: bool = False  # FP8 KV is applied only when this says so (accuracy caveat)
     shared_prefix_tokens: int = 0  # the workload declares a shared prefix this long (0: none declared)
     min_prefix_hit_rate: float = 0.3  # below this, with a declared shared prefix, the hash is defeated
-    raise_kv_target: float = 0.85  # raise max_num_seqs only while projected KV usage stays under this
+    raise_kv_target: float = 0.8  # raise max_num_seqs only while projected KV usage stays under this
     throughput_tolerance: float = 0.1  # a saturated window losing more goodput than this rolls back
     unsafe_memory_s: float = 600.0  # how long a value that preempted blocks raising to it
 

