@@ -1,0 +1,320 @@
+"""The `KVTuningPolicy` custom resource (kvtune.dev/v1alpha1) as pydantic models: the one source of the CRD
+schema (`crd_yaml` generates it), of spec parsing, and of the status the operator writes. camelCase in
+YAML through aliases; `to_policy` turns a spec into the pure TuningPolicy, and the tuner's state goes to and
+comes back from status so a restarted operator resumes where it stopped."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from kvtune.operator.ladder import Remedy
+from kvtune.operator.policy import Mode, TuningPolicy
+from kvtune.operator.tuner import HISTORY_LIMIT, Figures, HistoryEntry, Pending, TunerState
+
+GROUP = "kvtune.dev"
+VERSION = "v1alpha1"
+KIND = "KVTuningPolicy"
+PLURAL = "kvtuningpolicies"
+SINGULAR = "kvtuningpolicy"
+SHORT_NAMES = ("kvtp",)
+
+EngineType = Literal["kvtune", "vllm", "sglang"]
+ModeName = Literal["Observe", "Recommend", "Apply"]
+ConditionType = Literal["Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable"]
+CONDITION_TYPES: tuple[ConditionType, ...] = (
+    "Preempting",
+    "KVSaturated",
+    "PrefixCacheDefeated",
+    "FP8Recommended",
+    "Stable",
+)
+ConditionStatus = Literal["True", "False", "Unknown"]
+HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged"]
+Direction = Literal["cap", "lower", "raise"]
+RemedyName = Literal["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv"]
+KnobValue = Annotated[int | str | None, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+def cel(rule: str, message: str) -> dict[str, Any]:
+    """A CEL validation rule the API server enforces (cross-field checks a JSON schema cannot express)."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message}]}
+
+
+class CamelModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class SecretKeyRef(CamelModel):
+    """A key of a Secret in the policy's namespace."""
+
+    name: Name
+    key: str = Field("token", min_length=1)
+
+
+class TargetRef(CamelModel):
+    """The workload to tune and how to reach its knobs."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "self.engine != 'kvtune' || (has(self.adminUrl) && has(self.adminTokenSecretRef))",
+            "a kvtune engine needs adminUrl and adminTokenSecretRef",
+        )
+    )
+
+    kind: Literal["Deployment"] = "Deployment"
+    name: Name
+    container: str | None = Field(None, description="container name (default: the first container)")
+    engine: EngineType
+    admin_url: str | None = Field(None, description="kvtune engines: base URL of the admin API")
+    admin_token_secret_ref: SecretKeyRef | None = Field(
+        None, description="kvtune engines: admin bearer token"
+    )
+
+    @model_validator(mode="after")
+    def _kvtune_needs_admin(self) -> TargetRef:
+        if self.engine == "kvtune" and (self.admin_url is None or self.admin_token_secret_ref is None):
+            raise ValueError("a kvtune engine needs adminUrl and adminTokenSecretRef")
+        return self
+
+
+class PrometheusRef(CamelModel):
+    url: str = Field(min_length=1)
+    selector: str = Field(min_length=1, description='label selector, e.g. {job="vllm",pod=~"llama-.*"}')
+
+
+class MetricsSourceSpec(CamelModel):
+    """Exactly one of: the engine's own /metrics, or a Prometheus HTTP API with a selector."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "has(self.metricsUrl) != has(self.prometheus)", "set exactly one of metricsUrl and prometheus"
+        )
+    )
+
+    metrics_url: str | None = Field(None, min_length=1)
+    prometheus: PrometheusRef | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MetricsSourceSpec:
+        if (self.metrics_url is None) == (self.prometheus is None):
+            raise ValueError("set exactly one of metricsUrl and prometheus")
+        return self
+
+
+class Bounds(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel("self.minMaxNumSeqs <= self.maxMaxNumSeqs", "minMaxNumSeqs > maxMaxNumSeqs")
+    )
+
+    min_max_num_seqs: int = Field(TuningPolicy.min_max_num_seqs, ge=1)
+    max_max_num_seqs: int = Field(TuningPolicy.max_max_num_seqs, ge=1)
+    cap_floor: int = Field(TuningPolicy.cap_floor, ge=1, description="the max_tokens cap never goes below")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Bounds:
+        if self.min_max_num_seqs > self.max_max_num_seqs:
+            raise ValueError("minMaxNumSeqs > maxMaxNumSeqs")
+        return self
+
+
+class KVTuningPolicySpec(CamelModel):
+    target: TargetRef
+    metrics: MetricsSourceSpec
+    mode: ModeName = "Recommend"
+    bounds: Bounds = Field(default_factory=lambda: Bounds.model_validate({}))
+    interval_seconds: int = Field(15, ge=1, description="seconds between two metric samples")
+    evaluation_window_seconds: int = Field(60, ge=1, description="how long an action is watched")
+    cooldown_seconds: int = Field(60, ge=0, description="least time between two actions")
+    max_step: int = Field(TuningPolicy.max_step, ge=1, description="largest max_num_seqs change at once")
+    allow_fp8: bool = Field(False, alias="allowFP8", description="apply FP8 KV (accuracy caveat)")
+    shared_prefix_tokens: int = Field(0, ge=0, description="declared shared prompt prefix (0: none)")
+
+    def to_policy(self) -> TuningPolicy:
+        return TuningPolicy(
+            mode=Mode(self.mode),
+            min_max_num_seqs=self.bounds.min_max_num_seqs,
+            max_max_num_seqs=self.bounds.max_max_num_seqs,
+            cap_floor=self.bounds.cap_floor,
+            evaluation_window_s=float(self.evaluation_window_seconds),
+            cooldown_s=float(self.cooldown_seconds),
+            max_step=self.max_step,
+            allow_fp8=self.allow_fp8,
+            shared_prefix_tokens=self.shared_prefix_tokens,
+        )
+
+
+class Condition(CamelModel):
+    type: ConditionType
+    status: ConditionStatus
+    reason: str = Field(min_length=1)
+    message: str = ""
+    last_transition_time: datetime
+
+
+class KnobValues(CamelModel):
+    max_num_seqs: int | None = None
+    max_tokens_cap: int | None = None
+    kv_cache_dtype: str | None = None
+
+
+class FiguresModel(CamelModel):
+    preemption_rate: float | None = None
+    goodput: float | None = None
+    kv_usage_max: float | None = None
+    waiting_mean: float | None = None
+
+    @staticmethod
+    def of(figures: Figures) -> FiguresModel:
+        return FiguresModel(
+            preemption_rate=figures.preemption_rate,
+            goodput=figures.goodput,
+            kv_usage_max=figures.kv_usage_max,
+            waiting_mean=figures.waiting_mean,
+        )
+
+    def figures(self) -> Figures:
+        return Figures(self.preemption_rate, self.goodput, self.kv_usage_max, self.waiting_mean)
+
+
+def _time(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)
+
+
+class HistoryItem(CamelModel):
+    """One action, rollback, recommendation or flag: what, why, the evidence, figures before and after."""
+
+    at: float = Field(description="epoch seconds (exact, for resuming)")
+    time: datetime
+    kind: HistoryKind
+    remedy: RemedyName
+    knob: str | None = None
+    before: KnobValue = None
+    after: KnobValue = None
+    reason: str = ""
+    evidence: str = ""
+    before_figures: FiguresModel
+    after_figures: FiguresModel | None = None
+
+    @staticmethod
+    def of(entry: HistoryEntry) -> HistoryItem:
+        return HistoryItem(
+            at=entry.at,
+            time=_time(entry.at),
+            kind=cast(HistoryKind, entry.kind),
+            remedy=entry.remedy.value,
+            knob=entry.knob,
+            before=entry.before,
+            after=entry.after,
+            reason=entry.reason,
+            evidence=entry.evidence,
+            before_figures=FiguresModel.of(entry.before_figures),
+            after_figures=FiguresModel.of(entry.after_figures) if entry.after_figures else None,
+        )
+
+    def entry(self) -> HistoryEntry:
+        return HistoryEntry(
+            self.at, self.kind, Remedy(self.remedy), self.knob, self.before, self.after, self.reason,
+            self.evidence, self.before_figures.figures(),
+            self.after_figures.figures() if self.after_figures else None,
+        )  # fmt: skip
+
+
+class PendingModel(CamelModel):
+    at: float
+    remedy: RemedyName
+    knob: str
+    before: KnobValue = None
+    after: KnobValue = None
+    direction: Direction
+    before_figures: FiguresModel
+
+
+class TunerStateModel(CamelModel):
+    """The tuner's memory apart from history (which status holds on its own)."""
+
+    rung: RemedyName | None = None
+    pending: PendingModel | None = None
+    last_action_at: float | None = None
+    unsafe_max_num_seqs: int | None = None
+    unsafe_since: float | None = None
+    exhausted: list[RemedyName] = Field(default_factory=list)
+    reported: list[str] = Field(default_factory=list)
+
+
+class KVTuningPolicyStatus(CamelModel):
+    model_config = ConfigDict(extra="ignore")  # tolerate fields other writers add
+
+    observed_generation: int | None = None
+    last_evaluation_time: datetime | None = None
+    note: str | None = Field(None, description="what the tuner did or waits for at the last evaluation")
+    conditions: list[Condition] = Field(default_factory=list)
+    current: KnobValues | None = None
+    recommended: KnobValues | None = None
+    history: list[HistoryItem] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    tuner_state: TunerStateModel | None = None
+
+
+class KVTuningPolicy(CamelModel):
+    """The whole object (metadata left free-form, as the API server owns it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["kvtune.dev/v1alpha1"] = "kvtune.dev/v1alpha1"
+    kind: Literal["KVTuningPolicy"] = "KVTuningPolicy"
+    spec: KVTuningPolicySpec
+    status: KVTuningPolicyStatus | None = None
+
+
+def state_to_status(state: TunerState) -> tuple[TunerStateModel, list[HistoryItem]]:
+    pending = state.pending
+    model = TunerStateModel(
+        rung=state.rung.value if state.rung else None,
+        pending=PendingModel(
+            at=pending.at,
+            remedy=pending.remedy.value,
+            knob=pending.knob,
+            before=pending.before,
+            after=pending.after,
+            direction=cast(Direction, pending.direction),
+            before_figures=FiguresModel.of(pending.before_figures),
+        )
+        if pending
+        else None,
+        last_action_at=state.last_action_at,
+        unsafe_max_num_seqs=state.unsafe_max_num_seqs,
+        unsafe_since=state.unsafe_since,
+        exhausted=sorted(r.value for r in state.exhausted),
+        reported=sorted(state.reported),
+    )
+    return model, [HistoryItem.of(entry) for entry in state.history]
+
+
+def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
+    """The tuner state a previous run left in status (a fresh state when there is none)."""
+    if status is None or status.tuner_state is None:
+        return TunerState(history=tuple(item.entry() for item in status.history) if status else ())
+    saved = status.tuner_state
+    pending = saved.pending
+    return TunerState(
+        rung=Remedy(saved.rung) if saved.rung else None,
+        pending=Pending(
+            pending.at, Remedy(pending.remedy), pending.knob, pending.before, pending.after,
+            pending.direction, pending.before_figures.figures(),
+        )
+        if pending
+        else None,
+        last_action_at=saved.last_action_at,
+        unsafe_max_num_seqs=saved.unsafe_max_num_seqs,
+        unsafe_since=saved.unsafe_since,
+        exhausted=frozenset(Remedy(r) for r in saved.exhausted),
+        reported=frozenset(saved.reported),
+        history=tuple(item.entry() for item in status.history)[-HISTORY_LIMIT:],
+    )  # fmt: skip

@@ -1,0 +1,174 @@
+"""The KVTuningPolicy CRD: generated from the pydantic models without drift, a valid and structural
+CustomResourceDefinition, and a schema that accepts what the models accept and rejects what they reject."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pydantic
+import pytest
+import yaml
+
+from kvtune.operator import crd_yaml
+from kvtune.operator.crd import (
+    KVTuningPolicy,
+    KVTuningPolicySpec,
+    KVTuningPolicyStatus,
+    state_from_status,
+    state_to_status,
+)
+from kvtune.operator.ladder import Remedy
+from kvtune.operator.policy import Mode
+from kvtune.operator.tuner import Figures, HistoryEntry, Pending, TunerState
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "charts" / "kvtune" / "crds" / "kvtuningpolicy.yaml"
+SAMPLE = Path(__file__).parent / "fixtures" / "kvtuningpolicy_vllm.yaml"
+KUBERNETES_VERSION = "1.30"
+
+
+def committed_crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_FILE.read_text())
+
+
+def openapi_schema() -> dict[str, Any]:
+    return committed_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def sample() -> dict[str, Any]:
+    return yaml.safe_load(SAMPLE.read_text())
+
+
+def test_committed_crd_matches_the_models() -> None:
+    assert CRD_FILE.read_text() == crd_yaml.render(), (
+        "charts/kvtune/crds/kvtuningpolicy.yaml is stale: "
+        "python -m kvtune.operator.crd_yaml > charts/kvtune/crds/kvtuningpolicy.yaml"
+    )
+
+
+def test_crd_is_a_valid_custom_resource_definition() -> None:
+    assert (
+        kubernetes_validate.validate(committed_crd(), KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+    )
+    spec = committed_crd()["spec"]
+    assert (spec["group"], spec["scope"], spec["names"]["shortNames"]) == (
+        "kvtune.dev",
+        "Namespaced",
+        ["kvtp"],
+    )
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns[:4] == ["Mode", "Current", "Recommended", "Preempting"]
+
+
+def walk(node: dict[str, Any], path: str = "$"):
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from walk(child, f"{path}.{name}")
+    if "items" in node:
+        yield from walk(node["items"], f"{path}[]")
+
+
+def test_schema_is_structural() -> None:
+    """What the API server demands of a v1 CRD schema: every node typed (or int-or-string), no references,
+    no unions, no additionalProperties beside properties."""
+    for path, node in walk(openapi_schema()):
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        for forbidden in ("$ref", "anyOf", "oneOf", "allOf", "additionalProperties", "$defs", "title"):
+            assert forbidden not in node, f"{path} has {forbidden}"
+
+
+def test_sample_validates_against_the_schema_and_the_models() -> None:
+    jsonschema.validate(sample(), openapi_schema())
+    policy = KVTuningPolicy.model_validate(sample())
+    pure = policy.spec.to_policy()
+    assert pure.mode is Mode.APPLY
+    assert (pure.min_max_num_seqs, pure.max_max_num_seqs, pure.cap_floor) == (8, 256, 512)
+    assert (pure.evaluation_window_s, pure.cooldown_s, pure.max_step) == (120.0, 300.0, 32)
+    assert pure.shared_prefix_tokens == 1200 and pure.allow_fp8 is False
+    assert policy.spec.dump()["allowFP8"] is False
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "mode"), "Bogus"),
+        (("spec", "target", "engine"), "tgi"),
+        (("spec", "target", "kind"), "StatefulSet"),
+        (("spec", "bounds", "minMaxNumSeqs"), 0),
+        (("spec", "intervalSeconds"), 0),
+        (("spec", "maxStep"), "ten"),
+    ],
+)
+def test_schema_and_models_reject_the_same_bad_values(path: tuple[str, ...], value: object) -> None:
+    bad = copy.deepcopy(sample())
+    node = bad
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, openapi_schema())
+    with pytest.raises(pydantic.ValidationError):
+        KVTuningPolicy.model_validate(bad)
+
+
+def test_missing_required_fields_are_rejected() -> None:
+    bad = copy.deepcopy(sample())
+    del bad["spec"]["target"]["name"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, openapi_schema())
+    with pytest.raises(pydantic.ValidationError):
+        KVTuningPolicy.model_validate(bad)
+
+
+def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
+    spec = sample()["spec"]
+    for change in (
+        {"target": {**spec["target"], "engine": "kvtune"}},  # kvtune without admin URL and token
+        {"metrics": {"metricsUrl": "http://x:8000", "prometheus": spec["metrics"]["prometheus"]}},
+        {"bounds": {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}},
+    ):
+        with pytest.raises(pydantic.ValidationError):
+            KVTuningPolicySpec.model_validate({**spec, **change})
+    rules = [
+        rule["rule"]
+        for _, node in walk(openapi_schema())
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+    assert len(rules) == 3
+
+
+def test_defaults_fill_a_minimal_spec() -> None:
+    minimal = {"target": {"name": "m", "engine": "vllm"}, "metrics": {"metricsUrl": "http://m:8000"}}
+    jsonschema.validate({"spec": minimal}, openapi_schema())
+    spec = KVTuningPolicySpec.model_validate(minimal)
+    assert spec.mode == "Recommend" and spec.interval_seconds == 15 and spec.target.kind == "Deployment"
+
+
+def test_tuner_state_round_trips_through_status() -> None:
+    before = Figures(0.5, 100.0, 0.97, 3.0)
+    state = TunerState(
+        rung=Remedy.LOWER_MAX_NUM_SEQS,
+        pending=Pending(1000.25, Remedy.LOWER_MAX_NUM_SEQS, "max_num_seqs", 64, 41, "lower", before),
+        last_action_at=1000.25,
+        unsafe_max_num_seqs=64,
+        unsafe_since=1000.25,
+        exhausted=frozenset({Remedy.CAP_MAX_TOKENS}),
+        reported=frozenset({"cap_max_tokens=1800"}),
+        history=(
+            HistoryEntry(990.5, "recommended", Remedy.CAP_MAX_TOKENS, "max_tokens_cap", None, 1800,
+                         "recommended", "generation p99 1440", before),
+            HistoryEntry(1000.25, "applied", Remedy.LOWER_MAX_NUM_SEQS, "max_num_seqs", 64, 41, "lower",
+                         "sized from the real concurrency ceiling", before, Figures(0.0, 120.0, 0.8, 1.0)),
+        ),
+    )  # fmt: skip
+    tuner, history = state_to_status(state)
+    status = KVTuningPolicyStatus(tuner_state=tuner, history=history)
+    dumped = status.dump()
+    jsonschema.validate({"spec": sample()["spec"], "status": dumped}, openapi_schema())
+    assert state_from_status(KVTuningPolicyStatus.model_validate(dumped)) == state
