@@ -1,0 +1,72 @@
+"""The kopf handlers: thin. One daemon per KVTuningPolicy acts as its timer (the interval comes from the
+policy's spec and may change while it runs, which a kopf timer's fixed interval cannot follow); each tick
+runs `policy_tick.run_once` in a worker thread. Progress and diff-base go to annotations, so kopf writes
+nothing into the status the CRD schema owns."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import kopf
+import pydantic
+
+from kvtune.operator.crd import GROUP, PLURAL, VERSION, KVTuningPolicySpec
+from kvtune.operator.events import PolicyRef
+from kvtune.operator.kube_api import KubeApi, KubeError
+from kvtune.operator.policy_tick import PolicyMemory, run_once
+
+INVALID_SPEC_RETRY_S = 60.0
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING  # kopf's own handler Events: only problems
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The same credentials `KubeApi.from_environment` uses: the pod's service account, else kubeconfig."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def tick(ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory,
+         generation: int | None, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:  # fmt: skip
+    """One evaluation, in a worker thread; nothing it meets may stop the daemon."""
+    try:
+        with KubeApi.from_environment() as api:
+            outcome = run_once(api, ref, spec, memory, time.time(), generation)
+        logger.info("%s", outcome.status.note)
+    except KubeError as err:
+        logger.error("Kubernetes API: %s", err)
+    except Exception:
+        logger.exception("evaluation failed")
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def tune(
+    body: kopf.Body,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    stopped: kopf.DaemonStopped,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    ref = PolicyRef(namespace or "default", name, body.metadata.uid)  # the CRD is namespaced
+    memory = PolicyMemory.resume(dict(status))
+    while not stopped:
+        try:
+            spec = KVTuningPolicySpec.model_validate(dict(body.spec))  # live: follows spec edits
+        except pydantic.ValidationError as err:
+            logger.error("invalid spec: %s", err)
+            await stopped.wait(INVALID_SPEC_RETRY_S)
+            continue
+        generation = body.metadata.get("generation")
+        await asyncio.to_thread(tick, ref, spec, memory, generation, logger)
+        await stopped.wait(float(spec.interval_seconds))

@@ -1,0 +1,323 @@
+"""One evaluation of one KVTuningPolicy in a cluster: read the metrics, run the same `step` as the local
+loop (diagnose, decide, act through the right actuator), then write status (conditions, values, history,
+tuner state) with a status merge patch and post an Event for every action, rollback, recommendation, flag
+and failure. Missing metrics or an unusable actuator become conditions and Events, never exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kvtune.operator.actuators import Actuator, ActuatorResult, KvtuneAdminActuator
+from kvtune.operator.crd import (
+    CONDITION_TYPES,
+    GROUP,
+    PLURAL,
+    VERSION,
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    KnobValues,
+    KVTuningPolicySpec,
+    KVTuningPolicyStatus,
+    state_from_status,
+    state_to_status,
+)
+from kvtune.operator.diagnosis import Diagnosis
+from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.events import EventSpec, PolicyRef, post_event
+from kvtune.operator.k8s_actuator import DeploymentArgsActuator
+from kvtune.operator.kube_api import KubeApi, KubeError, secret_value
+from kvtune.operator.ladder import Remedy, flag_prefix_defeat, recommend_fp8_kv
+from kvtune.operator.local import Tick, live_view, step, window_length
+from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.sample import Sample
+from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource
+from kvtune.operator.tuner import Figures, HistoryEntry, TunerState
+
+logger = logging.getLogger("kvtune.operator")
+
+EVENT_REASONS = {
+    "applied": ("Normal", "TuningApplied"),
+    "rolled_back": ("Warning", "TuningRolledBack"),
+    "recommended": ("Normal", "TuningRecommended"),
+    "flagged": ("Warning", "PrefixCacheDefeated"),
+}
+FIELDS = {
+    KNOB_MAX_NUM_SEQS: "max_num_seqs",
+    KNOB_MAX_TOKENS_CAP: "max_tokens_cap",
+    KNOB_KV_CACHE_DTYPE: "kv_cache_dtype",
+}
+
+
+class UnavailableActuator:
+    """Stands in when the real actuator cannot be built (a missing Secret): diagnosis and recommendations
+    continue, nothing is applied."""
+
+    knobs: frozenset[str] = frozenset()
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def current(self) -> ActuatorResult:
+        return ActuatorResult(False, {}, self.error)
+
+    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+        return ActuatorResult(False, {}, self.error)
+
+
+@dataclass
+class PolicyMemory:
+    """What the operator keeps between evaluations of one policy: the tuner state (also in status, to
+    resume), the sample window (memory only: rebuilt within a few intervals) and the last conditions."""
+
+    state: TunerState = field(default_factory=TunerState)
+    samples: deque[Sample] = field(default_factory=deque)
+    conditions: dict[str, Condition] = field(default_factory=dict)
+    recommended: KnobValues | None = None
+    no_data: bool = False
+    actuator_error: str | None = None
+
+    @staticmethod
+    def resume(status: dict[str, Any] | None) -> PolicyMemory:
+        try:
+            saved = KVTuningPolicyStatus.model_validate(status or {})
+        except ValueError as err:
+            logger.warning("ignoring an unreadable status: %s", err)
+            return PolicyMemory()
+        return PolicyMemory(
+            state=state_from_status(saved),
+            conditions={c.type: c for c in saved.conditions},
+            recommended=saved.recommended,
+        )
+
+
+def source_for(spec: KVTuningPolicySpec) -> MetricSource:
+    metrics = spec.metrics
+    if metrics.prometheus is not None:
+        return PrometheusSource(metrics.prometheus.url, metrics.prometheus.selector)
+    assert metrics.metrics_url is not None  # the model guarantees exactly one
+    return MetricsEndpoint(metrics.metrics_url)
+
+
+def actuator_for(api: KubeApi, spec: KVTuningPolicySpec, namespace: str) -> Actuator:
+    target = spec.target
+    if target.engine == "kvtune":
+        assert target.admin_url is not None and target.admin_token_secret_ref is not None
+        ref = target.admin_token_secret_ref
+        try:
+            token = secret_value(api, namespace, ref.name, ref.key)
+        except KubeError as err:
+            return UnavailableActuator(f"admin token secret {namespace}/{ref.name}: {err}")
+        return KvtuneAdminActuator(target.admin_url, token)
+    return DeploymentArgsActuator(api, namespace, target.name, target.container, target.engine)
+
+
+def _figures(figures: Figures | None) -> str:
+    if figures is None:
+        return "n/a"
+    rate = "n/a" if figures.preemption_rate is None else f"{figures.preemption_rate:.2f}/s"
+    kv = "n/a" if figures.kv_usage_max is None else f"{figures.kv_usage_max:.0%}"
+    goodput = "n/a" if figures.goodput is None else f"{figures.goodput:.0f} tokens/s"
+    return f"preemptions {rate}, KV usage max {kv}, goodput {goodput}"
+
+
+def history_event(entry: HistoryEntry) -> EventSpec:
+    kind, reason = EVENT_REASONS.get(entry.kind, ("Normal", "Tuning"))
+    what = f"{entry.knob}: {entry.before} -> {entry.after}" if entry.knob else f"{entry.after}"
+    message = (
+        f"{entry.remedy.value} {entry.kind}: {what}; why: {entry.reason}; evidence: {entry.evidence}; "
+        f"before: {_figures(entry.before_figures)}"
+    )
+    if entry.after_figures is not None:
+        message += f"; after: {_figures(entry.after_figures)}"
+    return EventSpec(kind, reason, message, entry.remedy.value)
+
+
+def _condition(
+    memory: PolicyMemory, kind: ConditionType, status: ConditionStatus, reason: str, message: str, now: float
+) -> Condition:
+    before = memory.conditions.get(kind)
+    changed = before is None or before.status != status
+    when = datetime.fromtimestamp(now, UTC) if changed or before is None else before.last_transition_time
+    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=when)
+
+
+def conditions_for(
+    memory: PolicyMemory,
+    diagnosis: Diagnosis | None,
+    no_data: str | None,
+    prefix_defeated: tuple[bool, str],
+    fp8: tuple[bool, str],
+    now: float,
+) -> list[Condition]:
+    if diagnosis is None or diagnosis.status == "no_data":
+        reason = no_data or (
+            diagnosis.findings[0].evidence if diagnosis and diagnosis.findings else "no data"
+        )
+        return [_condition(memory, kind, "Unknown", "NoData", reason, now) for kind in CONDITION_TYPES]
+    d = diagnosis
+    if d.preemption_rate is None:
+        preempting = _condition(
+            memory, "Preempting", "Unknown", "WaitingForSamples", "rates need two samples", now
+        )
+    elif d.preempting:
+        preempting = _condition(
+            memory, "Preempting", "True", "PreemptionsObserved",
+            f"{d.preemption_rate:.2f} preemptions/s over {d.window_seconds:.0f} s", now,
+        )  # fmt: skip
+    else:
+        preempting = _condition(
+            memory, "Preempting", "False", "NoPreemptions", f"over {d.window_seconds:.0f} s", now
+        )
+    kv = f"KV usage max {d.kv_usage_max or 0:.0%}, waiting max {d.waiting_max or 0:.0f}"
+    saturated = _condition(
+        memory, "KVSaturated", "True" if d.saturated else "False",
+        "KVCacheFull" if d.saturated else "KVHeadroom", kv, now,
+    )  # fmt: skip
+    defeated, defeat_evidence = prefix_defeated
+    prefix = _condition(
+        memory, "PrefixCacheDefeated", "True" if defeated else "False",
+        "LowPrefixHitRate" if defeated else "NotDetected", defeat_evidence, now,
+    )  # fmt: skip
+    recommended, fp8_evidence = fp8
+    fp8_condition = _condition(
+        memory, "FP8Recommended", "True" if recommended else "False",
+        "PressurePersists" if recommended else "NotNeeded", fp8_evidence, now,
+    )  # fmt: skip
+    unknown = d.preemption_rate is None
+    stable = not unknown and not d.preempting and not d.saturated
+    stable_condition = _condition(
+        memory, "Stable", "Unknown" if unknown else ("True" if stable else "False"),
+        "WaitingForSamples" if unknown else (("Idle" if d.status == "idle" else "NoPressure") if stable else "Pressure"),
+        kv, now,
+    )  # fmt: skip
+    return [preempting, saturated, prefix, fp8_condition, stable_condition]
+
+
+def _knobs(values: dict[str, int | str | None]) -> KnobValues:
+    fields = {FIELDS[k]: v for k, v in values.items() if k in FIELDS and v is not None}
+    return KnobValues.model_validate(fields)
+
+
+def patch_body(value: Any, in_list: bool = False) -> Any:
+    """A merge-patch body from a full dump: nulls stay on object fields (so stale keys are deleted), and
+    are dropped inside list items (a list is replaced whole, and null is not a valid item value)."""
+    if isinstance(value, dict):
+        return {k: patch_body(v, in_list) for k, v in value.items() if not (in_list and v is None)}
+    if isinstance(value, list):
+        return [patch_body(item, True) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Outcome:
+    tick: Tick
+    status: KVTuningPolicyStatus
+    events: tuple[EventSpec, ...]
+
+
+def evaluate(
+    api: KubeApi,
+    policy_ref: PolicyRef,
+    spec: KVTuningPolicySpec,
+    memory: PolicyMemory,
+    now: float,
+    generation: int | None = None,
+) -> Outcome:
+    """One step for one policy; updates `memory`, returns the status to write and the Events to post."""
+    policy: TuningPolicy = spec.to_policy()
+    keep = window_length(policy, float(spec.interval_seconds))
+    if memory.samples.maxlen != keep:
+        memory.samples = deque(memory.samples, maxlen=keep)
+    actuator = actuator_for(api, spec, policy_ref.namespace)
+    events: list[EventSpec] = []
+    actuator_error = actuator.error if isinstance(actuator, UnavailableActuator) else None
+    if actuator_error and actuator_error != memory.actuator_error:
+        events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
+    memory.actuator_error = actuator_error
+    previous = memory.state
+    tick = step(source_for(spec), actuator, policy, previous, memory.samples, now)
+    seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
+    events += [history_event(h) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen]
+    for change, result in tick.applied:
+        if not result.ok:
+            events.append(EventSpec("Warning", "ApplyFailed",
+                                    f"{change.knob} {change.before} -> {change.value}: {result.error}",
+                                    change.remedy.value))  # fmt: skip
+    if tick.no_data and not memory.no_data:
+        events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
+    memory.no_data = tick.no_data is not None
+    memory.state = tick.state
+
+    diagnosis = tick.decision.diagnosis if tick.decision else None
+    current: KnobValues | None = None
+    prefix = fp8 = (False, "")
+    if memory.samples and diagnosis is not None:
+        view = live_view(memory.samples[-1], actuator)
+        current = _knobs({KNOB_MAX_NUM_SEQS: view.max_num_seqs, KNOB_MAX_TOKENS_CAP: view.max_tokens_cap,
+                          KNOB_KV_CACHE_DTYPE: view.cache_dtype})  # fmt: skip
+        flag = flag_prefix_defeat(diagnosis, view, policy)
+        prefix = (flag.applicable, flag.evidence)
+        advice = recommend_fp8_kv(diagnosis, view, policy)
+        reached = any(h.remedy is Remedy.RECOMMEND_FP8_KV for h in tick.state.history)
+        fp8 = (advice.applicable and reached, advice.evidence)
+    if tick.decision is not None:
+        proposed: dict[str, int | str | None] = {
+            a.knob: a.recommended for a in tick.decision.advice if a.knob
+        }
+        proposed.update({c.knob: c.value for c in tick.decision.changes})
+        if proposed:
+            merged = {**(memory.recommended.dump() if memory.recommended else {}), **_knobs(proposed).dump()}
+            memory.recommended = KnobValues.model_validate(merged)
+    conditions = conditions_for(memory, diagnosis, tick.no_data, prefix, fp8, now)
+    memory.conditions = {c.type: c for c in conditions}
+    if any(c.type == "Stable" and c.status == "True" for c in conditions):
+        memory.recommended = None
+    tuner, history = state_to_status(tick.state)
+    note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
+    status = KVTuningPolicyStatus(
+        observed_generation=generation,
+        last_evaluation_time=datetime.fromtimestamp(now, UTC),
+        note=note,
+        conditions=conditions,
+        current=current,
+        recommended=memory.recommended,
+        history=history,
+        tuner_state=tuner,
+    )
+    return Outcome(tick, status, tuple(events))
+
+
+def policy_path(policy_ref: PolicyRef) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{policy_ref.namespace}/{PLURAL}/{policy_ref.name}"
+
+
+def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> None:
+    """Patch the status subresource and post the Events; failures are logged, the next tick retries."""
+    body = patch_body({"status": outcome.status.model_dump(mode="json", by_alias=True)})
+    try:
+        api.merge_patch(policy_path(policy_ref) + "/status", body)
+    except KubeError as err:
+        logger.error("could not write the status of %s/%s: %s", policy_ref.namespace, policy_ref.name, err)
+    for event in outcome.events:
+        error = post_event(api, policy_ref, event, now)
+        if error:
+            logger.error("could not post event %s: %s", event.reason, error)
+
+
+def run_once(
+    api: KubeApi,
+    policy_ref: PolicyRef,
+    spec: KVTuningPolicySpec,
+    memory: PolicyMemory,
+    now: float,
+    generation: int | None = None,
+) -> Outcome:
+    outcome = evaluate(api, policy_ref, spec, memory, now, generation)
+    write(api, policy_ref, outcome, now)
+    return outcome

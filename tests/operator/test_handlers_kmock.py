@@ -1,0 +1,290 @@
+"""The Kubernetes contract of the in-cluster operator, against kmock's stateful Kubernetes API (real HTTP,
+no monkey-patching): kopf runs the handlers, which read a KVTuningPolicy, read real metrics from a local
+HTTP server, patch the target Deployment's args (retrying a 409 Conflict), patch the status subresource
+and post Events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+import pytest
+
+import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.crd import KVTuningPolicySpec
+from kvtune.operator.events import PolicyRef
+from kvtune.operator.k8s_actuator import read_flag, set_flag
+from kvtune.operator.kube_api import KubeApi
+from kvtune.operator.policy_tick import PolicyMemory, run_once
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NS = "inference"
+POLICIES = kmock.resource("kvtune.dev/v1alpha1/kvtuningpolicies")
+DEPLOYMENTS = kmock.resource("apps/v1/deployments")
+EVENTS = kmock.resource("v1/events")
+
+
+class OptimisticEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus the API server's optimistic concurrency for Deployments: a patch carrying a
+    stale metadata.resourceVersion gets 409 Conflict and changes nothing; every accepted patch bumps it.
+    `writers_before_next_patch` simulates other writers getting in between a read and a patch."""
+
+    writers_before_next_patch = 0
+    answered: list[int]
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        if request.resource == DEPLOYMENTS and request.action == kmock.action.UPDATE:
+            stored = self.objects[DEPLOYMENTS, request.namespace, request.name]
+            if self.writers_before_next_patch:
+                self.writers_before_next_patch -= 1
+                stored.patch(
+                    {"metadata": {"resourceVersion": str(int(stored["metadata"]["resourceVersion"]) + 1)}}
+                )
+            sent = (request.data or {}).get("metadata", {}).get("resourceVersion")
+            if sent is not None and sent != stored["metadata"]["resourceVersion"]:
+                self.answered.append(409)
+                raise kmock.KubernetesError(
+                    409, "Conflict", "the object has been modified; apply to the latest"
+                )
+            response = await super()._handle(request)
+            stored.patch(
+                {"metadata": {"resourceVersion": str(int(stored["metadata"]["resourceVersion"]) + 1)}}
+            )
+            self.answered.append(response.status)
+            return response
+        return await super()._handle(request)
+
+
+class MetricsHandler(BaseHTTPRequestHandler):
+    """/metrics from recorded files: the first read gets the first file, later reads the last one."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        index = min(getattr(server, "reads", 0), len(server.files) - 1)  # type: ignore[attr-defined]
+        server.reads = getattr(server, "reads", 0) + 1  # type: ignore[attr-defined]
+        body = (FIXTURES / server.files[index]).read_bytes()  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
+    server.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def kube(kmock: OptimisticEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OptimisticEmulator:
+    """The emulator with our resources declared, and a kubeconfig pointing at it (as kopf and our client
+    would find in a cluster's kubeconfig)."""
+    kmock.answered = []
+    kmock.resources["kvtune.dev/v1alpha1/kvtuningpolicies"] = kmock.ResourceInfo(
+        kind="KVTuningPolicy", namespaced=True, subresources={"status"},
+        verbs={"get", "list", "watch", "patch", "update"},
+    )  # fmt: skip
+    kmock.resources["apps/v1/deployments"] = kmock.ResourceInfo(kind="Deployment", namespaced=True)
+    kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
+    # kopf's backbone: it must discover namespaces (kmock 0.8 cannot parse /api/v1/namespaces, so the test
+    # turns kopf's namespace and CRD scanning off and names the namespace)
+    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False)
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
+        f"clusters: [{{name: kmock, cluster: {{server: '{str(kmock.url).rstrip('/')}'}}}}]\n"
+        "users: [{name: tester, user: {token: test-token}}]\n"
+        "contexts: [{name: kmock, context: {cluster: kmock, user: tester, namespace: inference}}]\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return kmock
+
+
+def add_deployment(kube: OptimisticEmulator, args: list[str]) -> None:
+    kube.objects[DEPLOYMENTS, NS, "llama"] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llama", "namespace": NS, "resourceVersion": "1", "generation": 1},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "sidecar", "image": "kvtune:latest", "args": ["proxy"]},
+            {"name": "vllm", "image": "vllm/vllm-openai", "args": args},
+        ]}}},
+    }  # fmt: skip
+
+
+def policy_spec(metrics_url: str, mode: str) -> dict[str, Any]:
+    return {
+        "target": {"name": "llama", "container": "vllm", "engine": "vllm"},
+        "metrics": {"metricsUrl": metrics_url},
+        "mode": mode,
+        "bounds": {"minMaxNumSeqs": 2, "maxMaxNumSeqs": 256},
+        "intervalSeconds": 1,
+        "evaluationWindowSeconds": 30,
+        "cooldownSeconds": 0,
+    }
+
+
+def add_policy(kube: OptimisticEmulator, spec: dict[str, Any]) -> None:
+    kube.objects[POLICIES, NS, "llama"] = {
+        "apiVersion": "kvtune.dev/v1alpha1",
+        "kind": "KVTuningPolicy",
+        "metadata": {
+            "name": "llama",
+            "namespace": NS,
+            "uid": "uid-llama",
+            "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": spec,
+    }
+
+
+def container_args(kube: OptimisticEmulator) -> list[str]:
+    return list(kube.objects[DEPLOYMENTS, NS, "llama"]["spec"]["template"]["spec"]["containers"][1]["args"])
+
+
+def our_events(kube: OptimisticEmulator) -> list[dict[str, Any]]:
+    return [request.data for request in kube[kmock.action.CREATE, EVENTS]
+            if request.data.get("source", {}).get("component") == "kvtune-operator"]  # fmt: skip
+
+
+def conditions(status: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in status.get("conditions", [])}
+
+
+def test_flag_editing() -> None:
+    assert set_flag(["--model", "m", "--max-num-seqs=64"], "--max-num-seqs", 41) == [
+        "--model",
+        "m",
+        "--max-num-seqs=41",
+    ]
+    assert set_flag(["--max-num-seqs", "64", "--x"], "--max-num-seqs", 41) == ["--max-num-seqs", "41", "--x"]
+    assert set_flag(["--max_num_seqs", "64"], "--max-num-seqs", 8) == ["--max_num_seqs", "8"]
+    assert set_flag(["--model", "m"], "--max-num-seqs", 41) == ["--model", "m", "--max-num-seqs", "41"]
+    assert read_flag(["--model", "m", "--max-num-seqs=64"], "--max-num-seqs") == 64
+    assert read_flag(["--max_num_seqs", "12"], "--max-num-seqs") == 12
+    assert read_flag(["--model", "m"], "--max-num-seqs") is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(60)
+async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
+    kube: OptimisticEmulator, metrics_url: str
+) -> None:
+    add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
+    add_policy(kube, policy_spec(metrics_url, "Apply"))
+    kube.writers_before_next_patch = 1  # someone else writes the Deployment between our read and our patch
+    stop = asyncio.Event()
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True
+    operator = asyncio.create_task(
+        kopf.operator(standalone=True, namespaces=[NS], stop_flag=stop, settings=settings)
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while read_flag(container_args(kube), "--max-num-seqs") == 64 or not our_events(kube):
+            assert time.monotonic() < deadline, "the operator did not act within 30 s"
+            assert not operator.done(), operator
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(operator, 15)
+
+    lowered = read_flag(container_args(kube), "--max-num-seqs")
+    assert lowered is not None and 2 <= lowered < 64
+    assert container_args(kube)[:2] == ["--model", "/models/llama"]
+    assert kube.answered[:2] == [409, 200]  # the conflict, then the re-read and re-applied patch
+    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    assert conditions(status)["Preempting"] == "True"
+    applied = [h for h in status["history"] if h["kind"] == "applied"]
+    assert applied and applied[0]["knob"] == "max_num_seqs"
+    assert (applied[0]["before"], applied[0]["after"]) == (64, lowered)
+    assert applied[0]["evidence"] and applied[0]["beforeFigures"]["preemptionRate"] > 0
+    assert status["tunerState"]["pending"]["after"] == lowered
+    assert status["current"]["maxNumSeqs"] == lowered
+    reasons = {e["reason"]: e for e in our_events(kube)}
+    event = reasons["TuningApplied"]
+    assert f"max_num_seqs: 64 -> {lowered}" in event["message"] and "evidence:" in event["message"]
+    assert event["involvedObject"] == {"apiVersion": "kvtune.dev/v1alpha1", "kind": "KVTuningPolicy",
+                                       "name": "llama", "namespace": NS, "uid": "uid-llama"}  # fmt: skip
+
+
+async def tick_twice(spec: dict[str, Any], memory: PolicyMemory) -> list[Any]:
+    parsed = KVTuningPolicySpec.model_validate(spec)
+    ref = PolicyRef(NS, "llama", "uid-llama")
+
+    def run() -> list[Any]:
+        with KubeApi.from_environment() as api:
+            first = run_once(api, ref, parsed, memory, time.time())
+            time.sleep(0.3)
+            return [first, run_once(api, ref, parsed, memory, time.time())]
+
+    return await asyncio.to_thread(run)
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(30)
+async def test_recommend_mode_writes_status_and_events_without_acting(
+    kube: OptimisticEmulator, metrics_url: str
+) -> None:
+    add_deployment(kube, ["--max-num-seqs", "64"])
+    add_policy(kube, policy_spec(metrics_url, "Recommend"))
+    await tick_twice(policy_spec(metrics_url, "Recommend"), PolicyMemory())
+    assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered
+    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    assert conditions(status)["Preempting"] == "True" and conditions(status)["Stable"] == "False"
+    assert status["current"]["maxNumSeqs"] == 64
+    assert 2 <= status["recommended"]["maxNumSeqs"] < 64
+    assert {h["kind"] for h in status["history"]} == {"recommended"}
+    messages = [e["message"] for e in our_events(kube) if e["reason"] == "TuningRecommended"]
+    assert any(f"64 -> {status['recommended']['maxNumSeqs']}" in m for m in messages)
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(30)
+async def test_observe_mode_only_diagnoses(kube: OptimisticEmulator, metrics_url: str) -> None:
+    add_deployment(kube, ["--max-num-seqs", "64"])
+    add_policy(kube, policy_spec(metrics_url, "Observe"))
+    await tick_twice(policy_spec(metrics_url, "Observe"), PolicyMemory())
+    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    assert conditions(status)["Preempting"] == "True" and status["note"] == "observe mode"
+    assert not status.get("history") and "recommended" not in status and not our_events(kube)
+    assert container_args(kube) == ["--max-num-seqs", "64"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(30)
+async def test_unreachable_metrics_are_a_condition_not_an_action(kube: OptimisticEmulator) -> None:
+    add_deployment(kube, ["--max-num-seqs", "64"])
+    spec = policy_spec("http://127.0.0.1:9", "Apply")  # discard port: nothing listens
+    add_policy(kube, spec)
+    outcomes = await tick_twice(spec, PolicyMemory())
+    assert all(o.tick.no_data for o in outcomes)
+    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    assert set(conditions(status).values()) == {"Unknown"}
+    assert {c["reason"] for c in status["conditions"]} == {"NoData"}
+    assert [e["reason"] for e in our_events(kube)] == ["NoMetrics"]  # once, on the transition
+    assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered
