@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,engine]'
+	$(BIN)/python -m kvtune.kernels.cpu_build
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,7 +24,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy kvtune
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
 test: lint typecheck unit
 

@@ -19,12 +19,3 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 def pytest_addoption(parser: pytest.Parser) -> None:
     with contextlib.suppress(ValueError):  # already registered by a conftest higher up
         parser.addoption("--runslow", action="store_true", default=False, help="run the full kernel grids")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--runslow", default=False) or os.environ.get("KVTUNE_RUNSLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="full grid: run with --runslow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
