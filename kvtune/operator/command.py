@@ -1,7 +1,6 @@
-"""`kvtune operator --local --target URL --admin-token-file F`: the tuning loop against one engine.
-
-The in-cluster mode (kopf handlers over KVTuningPolicy resources) is not part of this build yet; without
-`--local` the command says so and exits, rather than pretending to run.
+"""`kvtune operator`: in a cluster, kopf runs the handlers over KVTuningPolicy resources (`--namespace`,
+repeatable, or `--all-namespaces`); `--local --target URL --admin-token-file F` runs the same tuning loop
+against one engine without Kubernetes.
 """
 
 from __future__ import annotations
@@ -38,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-fp8", action="store_true")
     parser.add_argument("--shared-prefix-tokens", type=int, default=0)
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: run until ^C)")
+    parser.add_argument(
+        "--namespace", "-n", action="append", default=[], help="in cluster: watch this namespace (repeatable)"
+    )
+    parser.add_argument(
+        "--all-namespaces", "-A", action="store_true", help="in cluster: watch every namespace"
+    )
 
 
 def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
@@ -58,12 +63,22 @@ def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
         raise KvtuneError(str(err)) from None
 
 
+def run_in_cluster(args: argparse.Namespace) -> int:
+    """kopf's operator loop with our handlers, standalone (one replica; no peering resource needed)."""
+    if bool(args.namespace) == bool(args.all_namespaces):
+        raise KvtuneError("the in-cluster operator needs --namespace NS (repeatable) or --all-namespaces")
+    import kopf
+
+    import kvtune.operator.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    kopf.run(standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.local:
-        raise KvtuneError(
-            "the in-cluster operator (kopf, KVTuningPolicy resources) is not in this build; "
-            "use --local --target URL --admin-token-file F to tune one engine"
-        )
+        return run_in_cluster(args)
     if not args.target or not args.admin_token_file:
         raise KvtuneError("--local needs --target URL and --admin-token-file F")
     if args.interval <= 0:
