@@ -29,6 +29,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
     "sim": ("kvtune.sim.bench", "simulator steps per second for each allocation policy"),
     "serve": ("kvtune.engine_sidecar.bench_serve", "load generator for any OpenAI-compatible server"),
+    "doctor-vllm": (
+        "kvtune.peers.vllm_doctor_check",
+        "kvtune doctor against vLLM's CPU build: diagnose, restart with the recommendation, replay",
+    ),
     "tuner": ("kvtune.operator.bench_tuner", "max_num_seqs tuner against a static sweep on a live engine"),
 }
 
