@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
     "sim": ("kvtune.sim.bench", "simulator steps per second for each allocation policy"),
     "serve": ("kvtune.engine_sidecar.bench_serve", "load generator for any OpenAI-compatible server"),
+    "engine": ("kvtune.engine_sidecar.bench_engine", "kvtune serve against vLLM's CPU build, alternating"),
     "doctor-vllm": (
         "kvtune.peers.vllm_doctor_check",
         "kvtune doctor against vLLM's CPU build: diagnose, restart with the recommendation, replay",

