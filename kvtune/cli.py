@@ -21,9 +21,15 @@ VERBS: dict[str, tuple[str, str]] = {
         "kvtune.engine_sidecar.tiny_model",
         "write a seeded random-weight Llama checkpoint (HF format)",
     ),
-    "serve": ("kvtune.engine_sidecar.serve", "the engine server (OpenAI-compatible API, /metrics, admin API)"),
+    "serve": (
+        "kvtune.engine_sidecar.serve",
+        "the engine server (OpenAI-compatible API, /metrics, admin API)",
+    ),
     "doctor": ("kvtune.operator.doctor", "one-shot KV-cache diagnosis and the remedies in ladder order"),
-    "operator": ("kvtune.operator.command", "the tuning operator (--local: against one engine, no Kubernetes)"),
+    "operator": (
+        "kvtune.operator.command",
+        "the tuning operator (--local: against one engine, no Kubernetes)",
+    ),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
