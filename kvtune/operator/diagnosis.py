@@ -34,6 +34,7 @@ class Distribution:
     p99: float
     count: float
     since: str  # "this window" or "since engine start"
+    mean: float | None = None  # exact, from the histogram's sum and count (no bucket interpolation)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class Diagnosis:
     footprint_p50: float | None = None
     footprint_p95: float | None = None
     footprint_p99: float | None = None
+    footprint_mean: float | None = None
     real_concurrency_ceiling: int | None = None
+    mean_footprint_concurrency: int | None = None  # pool / mean footprint: every resident at its mean size
     boot_line_concurrency: float | None = None
     prefix_defeats: tuple[tuple[str, float], ...] = ()  # (reason, count) from a defeat report
     findings: tuple[Finding, ...] = ()
@@ -96,7 +99,8 @@ def distribution(window: Window, name: str) -> Distribution | None:
     p50, p95, p99 = (histogram_quantile(q, histogram) for q in (0.5, 0.95, 0.99))
     if p50 is None or p95 is None or p99 is None:
         return None
-    return Distribution(p50, p95, p99, histogram.count, since)
+    mean = histogram.total / histogram.count if histogram.total > 0 else None  # no sum recorded: unknown
+    return Distribution(p50, p95, p99, histogram.count, since, mean)
 
 
 def prefix_hit_rate(window: Window) -> tuple[float | None, str | None]:
@@ -143,10 +147,15 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
             prompt_len.p95 + generation_len.p95,
             prompt_len.p99 + generation_len.p99,
         )
+    footprint_mean = None
+    if prompt_len is not None and generation_len is not None and prompt_len.mean and generation_len.mean:
+        footprint_mean = prompt_len.mean + generation_len.mean
     pool = engine.pool_tokens
-    ceiling = None
+    ceiling = mean_sized = None
     if pool and footprints[1]:
         ceiling = max(1, math.floor(pool / footprints[1]))
+    if pool and footprint_mean:
+        mean_sized = max(1, math.floor(pool / footprint_mean))
     boot_line = pool / engine.max_model_len if pool and engine.max_model_len else None
     capacity = window.gauge_mean(f"{m.WAITING_BY_REASON}:capacity")
     diagnosis = Diagnosis(
@@ -172,7 +181,9 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
         footprint_p50=footprints[0],
         footprint_p95=footprints[1],
         footprint_p99=footprints[2],
+        footprint_mean=footprint_mean,
         real_concurrency_ceiling=ceiling,
+        mean_footprint_concurrency=mean_sized,
         boot_line_concurrency=boot_line,
         prefix_defeats=tuple(
             sorted((k, v) for k, v in window.increases_with_prefix(m.PREFIX_DEFEATS).items() if v > 0)

@@ -77,6 +77,8 @@ def report(d: Diagnosis, engine: EngineView, remedies: list[Advice], source: str
             "goodput_tokens_per_s": d.goodput,
             "generation_p99": gen.p99 if gen else None,
             "footprint_p95": d.footprint_p95,
+            "footprint_mean": d.footprint_mean,
+            "mean_footprint_concurrency": d.mean_footprint_concurrency,
             "real_concurrency_ceiling": d.real_concurrency_ceiling,
             "boot_line_concurrency": d.boot_line_concurrency,
             "kv_pool_tokens": engine.pool_tokens,

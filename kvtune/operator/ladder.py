@@ -108,13 +108,28 @@ def cap_max_tokens(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Ad
 
 
 def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, feedback: bool) -> Advice:
-    """First step sized from pool tokens / p95 footprint; later steps (feedback) shave 20% off the
-    residency actually reached, until preemption stops."""
+    """First step sized from the pool and the per-request footprint; later steps (feedback) shave 20% off
+    the residency actually reached, until preemption stops.
+
+    The first step is pool tokens / p95 footprint, unless the histograms' exact sums give the mean
+    footprint: then pool tokens / mean footprint, which is larger. p95 prompt + p95 generation assumes
+    every resident holds a p95-sized request at its last token at once, and engines' coarse buckets (vLLM:
+    1-2-5) inflate both quantiles by interpolation; residents are at different stages, so the pool holds
+    more of them than that. On vLLM's CPU build the p95 size left the pool 70% empty and cost a quarter
+    of the throughput; the mean size still left no preemption (BENCHMARKS.md, doctor-vllm). Feedback
+    covers the case where it is not enough."""
     current = engine.max_num_seqs
     sized = d.real_concurrency_ceiling
     figures = f"preemption rate {d.preemption_rate or 0:.2f}/s, running max {d.running_max or 0:.0f}"
     if sized is not None and d.footprint_p95 is not None:
         figures += f"; KV pool {engine.pool_tokens:,} tokens / p95 footprint {d.footprint_p95:,.0f} = {sized}"
+    mean_sized = d.mean_footprint_concurrency
+    if mean_sized is not None and d.footprint_mean is not None and (sized is None or mean_sized > sized):
+        figures += (
+            f"; KV pool {engine.pool_tokens:,} tokens / mean footprint {d.footprint_mean:,.0f} (exact, from "
+            f"the histograms' sums) = {mean_sized}"
+        )
+        sized = mean_sized
     if not d.preempting:
         return Advice(Remedy.LOWER_MAX_NUM_SEQS, False, current, None, f"no preemption; {figures}")
     if current is None:
@@ -128,7 +143,11 @@ def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, f
         how = f"feedback: {resident} residents still preempt, step down {FEEDBACK_STEP:.0%}"
     else:
         target = sized
-        how = "sized from the real concurrency ceiling"
+        how = (
+            "sized from the mean footprint"
+            if sized == mean_sized and sized != d.real_concurrency_ceiling
+            else "sized from the real concurrency ceiling"
+        )
     target = max(policy.clamp(target), current - policy.max_step)
     if target >= current:
         return Advice(

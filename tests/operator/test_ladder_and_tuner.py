@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvtune.operator import metric_names as m
+from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import EngineView
 from kvtune.operator.ladder import Remedy, plan
 from kvtune.operator.policy import Mode, TuningPolicy
@@ -59,6 +61,24 @@ def test_lower_is_sized_from_the_real_ceiling_when_the_cap_would_not_bind() -> N
     assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_num_seqs", 64, 3)]
     assert state.unsafe_max_num_seqs == 64
     assert state.history[-1].kind == "applied" and "ceiling" in state.history[-1].evidence
+
+
+def test_first_step_uses_the_exact_mean_footprint_when_the_histograms_have_sums() -> None:
+    def with_sums(sample: Sample) -> Sample:
+        hists = dict(sample.histograms)
+        for name, mean in ((m.REQUEST_PROMPT_TOKENS, 75.0), (m.REQUEST_GENERATION_TOKENS, 150.0)):
+            hists[name] = replace(hists[name], total=mean * hists[name].count)
+        return replace(sample, histograms=hists)
+
+    samples = [with_sums(s) for s in preempting(0, 10)]
+    d = diagnose(Window.of(samples), kvtune_engine())
+    assert d.real_concurrency_ceiling == 3 and d.footprint_mean == 225 and d.mean_footprint_concurrency == 4
+    decision, _ = step(samples, kvtune_engine(), TunerState(), 10)
+    assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_num_seqs", 64, 4)]
+    lower = plan(d, kvtune_engine(), POLICY)[1]
+    assert (lower.applicable, lower.recommended) == (True, 4)
+    assert lower.evidence.startswith("sized from the mean footprint")
+    assert "p95 footprint 292 = 3; KV pool 1,024 tokens / mean footprint 225" in lower.evidence
 
 
 def test_bounds_and_max_step() -> None:

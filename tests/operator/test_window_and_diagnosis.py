@@ -30,6 +30,10 @@ def test_recorded_preempting_window() -> None:
     assert 100 < d.generation_len.p95 <= 200
     assert d.footprint_p95 is not None and 250 < d.footprint_p95 < 300
     assert d.real_concurrency_ceiling == 3
+    # Means are exact (histogram sums), so the mean footprint carries no bucket interpolation.
+    assert d.prompt_len is not None and d.prompt_len.mean == pytest.approx(59.3)
+    assert d.generation_len.mean == pytest.approx(118.1)
+    assert d.footprint_mean == pytest.approx(177.4) and d.mean_footprint_concurrency == 5
     assert d.boot_line_concurrency == pytest.approx(1.0)
     codes = {f.code for f in d.findings}
     assert {"Preempting", "ConcurrencyCeiling"} <= codes
