@@ -272,7 +272,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2, help="original/recommended pairs, alternated")
     parser.add_argument(
-        "--doctor-after", type=int, default=8, help="finished requests before the doctor looks"
+        "--doctor-after", type=int, default=16, help="finished requests before the doctor looks"
     )
     parser.add_argument("--doctor-timeout", type=float, default=600.0)
     parser.add_argument("--doctor-samples", type=int, default=4)
@@ -392,7 +392,8 @@ def _section(
         "",
         f"Doctor findings: preemption rate {_fmt(findings.get('preemption_rate'), '.2f')}/s, KV usage max "
         f"{_fmt(findings.get('kv_usage_max'), '.0%')}, footprint p95 {_fmt(findings.get('footprint_p95'), ',.0f')} "
-        f"tokens, real concurrency ceiling {findings.get('real_concurrency_ceiling')}, running mean "
+        f"tokens, mean footprint {_fmt(findings.get('footprint_mean'), ',.0f')} tokens, real concurrency "
+        f"ceiling {findings.get('real_concurrency_ceiling')}, running mean "
         f"{_fmt(findings.get('requests_running'), '.1f')}.",
         *(f"- {note}" for note in notes),
         "",
