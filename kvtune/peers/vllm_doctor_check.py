@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -248,14 +249,14 @@ def run_doctor(url: str, samples: int, window_s: float, known: EngineView) -> di
 
 
 async def _load_with_doctor(
-    url: str, spec: LoadSpec, args: argparse.Namespace, known: EngineView
+    url: str, model: str, spec: LoadSpec, args: argparse.Namespace, known: EngineView
 ) -> tuple[LoadResult, dict[str, Any], float]:
     async def doctor() -> tuple[dict[str, Any], float]:
         finished = await asyncio.to_thread(wait_for_finished, url, args.doctor_after, args.doctor_timeout)
         data = await asyncio.to_thread(run_doctor, url, args.doctor_samples, args.doctor_window, known)
         return data, finished
 
-    result, (data, finished) = await asyncio.gather(run_load(url, "tiny", spec), doctor())
+    result, (data, finished) = await asyncio.gather(run_load(url, model, spec), doctor())
     return result, data, finished
 
 
@@ -316,7 +317,9 @@ def run(args: argparse.Namespace) -> int:
         known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
         wait_for_no_other_vllm(args.wait_other_vllm)
         with start_server(original, venv_dir=args.venv, log_path=folder / "vllm-diagnosis.log") as server:
-            result, doctor_json, finished = asyncio.run(_load_with_doctor(server.url, spec, args, known))
+            result, doctor_json, finished = asyncio.run(
+                _load_with_doctor(server.url, original.served_model_name, spec, args, known)
+            )
         runs.append(Run.of("diagnosis", args.max_num_seqs, result))
         print(
             f"diagnosis run: {result.generated_tokens_per_s:,.1f} tokens/s, preemptions {result.preemptions}"
@@ -336,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
             print("FAIL: the doctor recommended no max_num_seqs although vLLM preempted")
             return 1
         print(f"doctor recommends max_num_seqs {args.max_num_seqs} → {value}")
-        recommended = VllmServerConfig(**{**original.__dict__, "max_num_seqs": value})
+        recommended = dataclasses.replace(original, max_num_seqs=value)
         for i, label in enumerate(schedule(args.rounds), 1):
             config = original if label == ORIGINAL else recommended
             result = _replay(config, spec, args, folder, i)
