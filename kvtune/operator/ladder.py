@@ -174,9 +174,15 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     target = min(fit, current + policy.max_step, policy.max_max_num_seqs)
     if unsafe is not None:
         target = min(target, unsafe - 1)
+    # sampled KV usage misses the peaks between samples: never probe above what the pool holds at the mean
+    # footprint (the first step's own size), which grows again when requests get shorter
+    sized = d.mean_footprint_concurrency
+    if sized is not None:
+        target = min(target, sized)
     if target <= current:
         return no(
             f"no headroom: KV usage max {kv_max:.0%} (target {policy.raise_kv_target:.0%}), unsafe {unsafe}"
+            + (f", pool / mean footprint {sized}" if sized is not None else "")
         )
     return Advice(
         Remedy.LOWER_MAX_NUM_SEQS, True, current, target,
