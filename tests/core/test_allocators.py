@@ -10,22 +10,9 @@ from kvtune.core import (
     Request,
     RequestStatus,
     Scheduler,
-    SchedulerStep,
     make_allocator,
 )
-
-
-def run_step(sched: Scheduler, token: int = 0) -> SchedulerStep:
-    """One step with the counting stub: every request whose tokens are all computed samples one more."""
-    step = sched.schedule()
-    for req in step.sampling_requests():
-        sched.append_token(req, token)
-    return step
-
-
-def prompt(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
-
+from tests.core.stub import prompt, run_step
 
 # --- paged: prefix caching through the scheduler -------------------------------------------------------
 

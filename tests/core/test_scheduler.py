@@ -12,21 +12,9 @@ from kvtune.core import (
     RequestStatus,
     Scheduler,
     SchedulerConfig,
-    SchedulerStep,
 )
 from kvtune.core.scheduler import Preemption
-
-
-def run_step(sched: Scheduler, token: int = 0) -> SchedulerStep:
-    """One step with the counting stub: every request whose tokens are all computed samples one more."""
-    step = sched.schedule()
-    for req in step.sampling_requests():
-        sched.append_token(req, token)
-    return step
-
-
-def prompt(n: int, start: int = 0) -> list[int]:
-    return list(range(start, start + n))
+from tests.core.stub import prompt, run_step
 
 
 def paged(
