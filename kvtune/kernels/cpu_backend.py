@@ -69,6 +69,51 @@ def default_num_splits(num_seqs: int, max_seq_len: int) -> int:
     return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT))
 
 
+def _params(
+    queries: torch.Tensor,
+    kv_cache: torch.Tensor,
+    tables: torch.Tensor,
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    scale: float,
+    k_scale: float,
+    v_scale: float,
+    num_splits: int,
+    query_tile: int,
+) -> _Params:
+    """The kernel's argument block; every tensor must be contiguous and stay alive for the call."""
+    num_tokens, num_q_heads, head_dim = queries.shape
+    return _Params(
+        q=queries.data_ptr(),
+        cache=kv_cache.data_ptr(),
+        stride_block=kv_cache.stride(0),
+        stride_kv=kv_cache.stride(1),
+        stride_token=kv_cache.stride(2),
+        stride_head=kv_cache.stride(3),
+        block_tables=tables.data_ptr(),
+        block_table_stride=tables.stride(0),
+        query_start_loc=starts.data_ptr(),
+        seq_lens=lengths.data_ptr(),
+        out=None if out is None else out.data_ptr(),
+        lse=None if lse is None else lse.data_ptr(),
+        num_seqs=lengths.shape[0],
+        num_tokens=num_tokens,
+        num_q_heads=num_q_heads,
+        num_kv_heads=kv_cache.shape[3],
+        head_dim=head_dim,
+        block_size=kv_cache.shape[2],
+        num_splits=num_splits,
+        query_tile=query_tile,
+        cache_type=_CACHE_TYPES[kv_cache.dtype],
+        num_threads=torch.get_num_threads(),
+        scale=scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+
+
 def _attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -90,37 +135,49 @@ def _attention(
     num_tokens, num_q_heads, head_dim = queries.shape
     out = torch.empty(num_splits, num_tokens, num_q_heads, head_dim, dtype=torch.float32)
     lse = torch.empty(num_splits, num_tokens, num_q_heads, dtype=torch.float32)
-    params = _Params(
-        q=queries.data_ptr(),
-        cache=kv_cache.data_ptr(),
-        stride_block=kv_cache.stride(0),
-        stride_kv=kv_cache.stride(1),
-        stride_token=kv_cache.stride(2),
-        stride_head=kv_cache.stride(3),
-        block_tables=tables.data_ptr(),
-        block_table_stride=tables.stride(0),
-        query_start_loc=starts.data_ptr(),
-        seq_lens=lengths.data_ptr(),
-        out=out.data_ptr(),
-        lse=lse.data_ptr(),
-        num_seqs=lengths.shape[0],
-        num_tokens=num_tokens,
-        num_q_heads=num_q_heads,
-        num_kv_heads=kv_cache.shape[3],
-        head_dim=head_dim,
-        block_size=kv_cache.shape[2],
-        num_splits=num_splits,
-        query_tile=query_tile,
-        cache_type=_CACHE_TYPES[kv_cache.dtype],
-        num_threads=torch.get_num_threads(),
-        scale=scale,
-        k_scale=k_scale,
-        v_scale=v_scale,
+    params = _params(
+        queries, kv_cache, tables, starts, lengths, out, lse, scale, k_scale, v_scale, num_splits, query_tile
     )
     if load().kvt_paged_attention(ctypes.byref(params)) != 0:
         raise KvtuneError(f"cpu attention kernel rejected cache dtype {kv_cache.dtype}")
     merged = out[0] if num_splits == 1 else merge_attention_partials(out, lse)[0]
     return merged.to(q.dtype)
+
+
+def stream_read(data: torch.Tensor) -> int:
+    """Read a contiguous CPU tensor front to back with full-width vector loads on torch's thread count
+    (the bytes up to a multiple of 64); returns a checksum. The benchmark's sequential-read ceiling."""
+    library = load()
+    library.kvt_stream_read.restype = ctypes.c_uint64
+    library.kvt_stream_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32]
+    nbytes = data.numel() * data.element_size() // 64 * 64
+    return int(library.kvt_stream_read(data.contiguous().data_ptr(), nbytes, torch.get_num_threads()))
+
+
+def read_blocks(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
+) -> int:
+    """Read every K/V byte a decode step over this batch reads, in the kernel's order, prefetching and
+    threads, with no arithmetic; returns a checksum. The benchmark's bound for what the layout allows."""
+    queries = q.to(torch.float32).contiguous()
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    params = _params(
+        queries,
+        kv_cache,
+        block_tables.contiguous(),
+        starts,
+        seq_lens.contiguous(),
+        None,
+        None,
+        1.0,
+        1.0,
+        1.0,
+        1,
+        1,
+    )
+    library = load()
+    library.kvt_read_blocks.restype = ctypes.c_uint64
+    return int(library.kvt_read_blocks(ctypes.byref(params)))
 
 
 def decode(

@@ -19,11 +19,19 @@
 
 #include <omp.h>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define KVT_DOT_BF16 1  // vdpbf16ps: bf16 pair dot products into float32 lanes (Zen 4, Sapphire Rapids)
+#endif
+
 // The vector helpers must inline: an out-of-line call spills every live vector register around it.
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-#ifndef KVT_PREFETCH
-#define KVT_PREFETCH 4
+// How many keys ahead of the score pass the decode runner prefetches K and V rows.
+#ifndef KVT_PREFETCH_KEYS
+#define KVT_PREFETCH_KEYS 48
 #endif
 
 namespace {
@@ -106,7 +114,6 @@ struct KvtParams {
 namespace {
 
 constexpr int kKeyChunk = 128;
-constexpr int kPrefetchBlocks = 2;  // how far ahead the decode runner prefetches K blocks
 
 struct Item {
     int seq, head, first_query, num_queries, split;
@@ -384,27 +391,137 @@ ALWAYS_INLINE v16 reduce4(v16 a, v16 b, v16 c, v16 d) {
     return __builtin_shuffle(pairs, even) + __builtin_shuffle(pairs, odd);
 }
 
+// Four consecutive floats repeated in each 128-bit quarter of a vector (one vbroadcastf32x4 on AVX-512;
+// GCC's generic shuffles would round-trip through the stack).
+ALWAYS_INLINE v16 broadcast4(const float* src) {
+#ifdef __AVX512F__
+    return (v16)_mm512_broadcast_f32x4(_mm_loadu_ps(src));
+#else
+    return v16{src[0], src[1], src[2], src[3], src[0], src[1], src[2], src[3],
+               src[0], src[1], src[2], src[3], src[0], src[1], src[2], src[3]};
+#endif
+}
+
+// a..d hold, for four keys, the partial dot products of four query rows: lane 4r + i is row r's sum over
+// dims i, i + 4, i + 8, ... Returns the finished dot products with lane 4r + key (keys a, b, c, d = 0..3):
+// six in-lane shuffles and adds for sixteen dot products.
+ALWAYS_INLINE v16 reduce_quads(v16 a, v16 b, v16 c, v16 d) {
+    const v16i low = {0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29};
+    const v16i high = {2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31};
+    const v16 ab = __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
+    const v16 cd = __builtin_shuffle(c, d, low) + __builtin_shuffle(c, d, high);
+    const v16i first = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    const v16i second = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
+    return __builtin_shuffle(ab, cd, first) + __builtin_shuffle(ab, cd, second);
+}
+
+// Steps through a sequence's K (or V) rows one token at a time, following the block table without a
+// division per token. The next block's address is looked up only when it is needed, so the cursor never
+// reads past the sequence's last table entry.
+template <typename T>
+class RowCursor {
+  public:
+    RowCursor(const KvtParams& p, const int32_t* table, const T* base, int t)
+        : p_(p), table_(table), base_(base), block_(t / p.block_size), offset_(t % p.block_size),
+          row_(base + row_offset(p, table, t)) {}
+
+    int position() const { return block_ * p_.block_size + offset_; }
+
+    const T* row() {
+        if (row_ == nullptr) row_ = base_ + table_[block_] * p_.stride_block;
+        return row_;
+    }
+
+    void advance() {
+        if (++offset_ == p_.block_size) {
+            offset_ = 0;
+            ++block_;
+            row_ = nullptr;
+        } else {
+            row_ += p_.stride_token;
+        }
+    }
+
+  private:
+    const KvtParams& p_;
+    const int32_t* table_;
+    const T* base_;
+    int block_, offset_;
+    const T* row_;
+};
+
+// Touches every head's K and V rows of the keys a fixed distance ahead of the score pass, a few cache
+// lines per key. Blocks sit at random places in the pool, so the hardware prefetcher cannot run ahead across
+// a block boundary; and requesting a whole block's lines at once overflows the core's miss buffers, which
+// is what a per-block prefetch did (measured: the same time for bf16 as for fp32, i.e. latency-bound).
+template <typename T>
+class Prefetcher {
+  public:
+    Prefetcher(const KvtParams& p, const int32_t* table, const T* k_base, int from, int hi)
+        : cursor_(p, table, k_base, from),
+          next_(from),
+          hi_(hi),
+          v_offset_(p.stride_kv),
+          row_bytes_(static_cast<int64_t>((p.num_kv_heads - 1) * p.stride_head + p.head_dim) * sizeof(T)) {}
+
+    // Prefetch every key before `key` (and below the item's end) not prefetched yet.
+    void up_to(int key) {
+        for (key = std::min(key, hi_); next_ < key; ++next_, cursor_.advance()) {
+            const T* row = cursor_.row();
+            touch(reinterpret_cast<const char*>(row));
+            touch(reinterpret_cast<const char*>(row + v_offset_));
+        }
+    }
+
+  private:
+    RowCursor<T> cursor_;
+    int next_;
+    const int hi_;
+    const int64_t v_offset_, row_bytes_;
+
+    void touch(const char* start) const {
+        const uintptr_t first = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{63};
+        const uintptr_t end = reinterpret_cast<uintptr_t>(start) + row_bytes_;
+        for (uintptr_t line = first; line < end; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+    }
+};
+
 // Decode (one query token per sequence) with the group size and head_dim known at compile time. An item is
-// a (sequence, key split) with all its KV heads, so each block is streamed front to back: a per-KV-head
-// walk would read one head's rows out of every cache line pair and waste half the bandwidth when a row is
-// shorter than 128 bytes (the tiny model's 2 KV heads x 32 dims). Within a block-run the heads are taken in
-// turn, their G query rows and accumulators held in vector registers, and the G dot products of a key row
-// are reduced together by reduce4.
+// a (sequence, key split) with all its KV heads. Keys are taken four at a time, and a KV head's G query rows
+// in sets of four (G = 1 and 2 are padded to four rows):
+// - G >= 4: each key is cut into quarters of four dims, each quarter broadcast to the four 128-bit lanes and
+//   multiplied into a vector holding the same quarter of four query rows; reduce_quads finishes the sixteen
+//   dot products of four rows x four keys with six in-lane operations.
+// - G < 4: each key's row dot products are summed across lanes by reduce4 (the broadcast form would spend
+//   three quarters of its multiplies on padding rows).
+// Scores are kept as [key group][row set][row][key within group], so the softmax and the value pass read
+// whole vectors. The value pass keeps a head's G accumulators in registers for a whole chunk of keys.
 template <int kDim, int kGroup, typename T>
 class DecodeRunner {
     static constexpr int kVecs = kDim / 16;
-    static constexpr int kRows = kGroup < 4 ? 4 : kGroup;  // padded to whole reduce4 groups
-    static constexpr int kScoreRows = kKeyChunk + 4;         // 4 spare token rows pad the softmax to whole vectors
+    static constexpr int kQuads = kDim / 4;
+    static constexpr int kRows = kGroup < 4 ? 4 : kGroup;
+    static constexpr int kRowSets = kRows / 4;
+    static constexpr int kChunk = 64;  // keys per online-softmax step: a chunk's K and V rows stay in L1/L2
+    static constexpr int kKeyGroups = kChunk / 4;
+#ifdef KVT_DOT_BF16
+    static constexpr bool kDotBf16 = std::is_same_v<T, Bf16> && kGroup >= 4;
+#else
+    static constexpr bool kDotBf16 = false;
+#endif
 
   public:
     explicit DecodeRunner(const KvtParams& p)
         : p_(p),
           heads_(p.num_kv_heads),
-          q_(static_cast<size_t>(heads_) * kRows * kDim),
+          q_(static_cast<size_t>(heads_) * kRowSets * kQuads * 16),
           acc_(static_cast<size_t>(heads_) * kGroup * kDim),
-          scores_(static_cast<size_t>(heads_) * kScoreRows * kRows),
+          scores_(static_cast<size_t>(heads_) * kKeyGroups * kRowSets * 16),
+          widened_(static_cast<size_t>(4) * kDim),
           max_(static_cast<size_t>(heads_) * kGroup),
-          sum_(static_cast<size_t>(heads_) * kGroup) {}
+          sum_(static_cast<size_t>(heads_) * kGroup),
+          q16_(kDotBf16 ? static_cast<size_t>(heads_) * kRowSets * kDim * 4 : 0),
+          p16_(kDotBf16 ? scores_.size() : 0) {}
 
     void run(const Item& item) {
         const int token = p_.query_start_loc[item.seq];
@@ -412,30 +529,267 @@ class DecodeRunner {
         const int per_split = (seq_len + p_.num_splits - 1) / p_.num_splits;
         const int lo = item.split * per_split;
         const int hi = std::min(seq_len, lo + per_split);
-        const float q_scale = p_.scale * p_.k_scale;
-        for (int h = 0; h < heads_; ++h) {
-            for (int r = 0; r < kRows; ++r) {
-                float* dst = query(h, r);
-                if (r >= kGroup) {
-                    std::fill(dst, dst + kDim, 0.0f);
-                    continue;
-                }
-                const float* src = p_.q + (static_cast<int64_t>(token) * p_.num_q_heads + h * kGroup + r) * kDim;
-                for (int d = 0; d < kDim; ++d) dst[d] = src[d] * q_scale;
-            }
-        }
+        load_queries(token);
         std::fill(acc_.begin(), acc_.end(), 0.0f);
         std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
         std::fill(sum_.begin(), sum_.end(), 0.0f);
         const int32_t* table = p_.block_tables + item.seq * p_.block_table_stride;
         const T* k_base = static_cast<const T*>(p_.cache);
         const T* v_base = k_base + p_.stride_kv;
-        for (int chunk = lo; chunk < hi; chunk += kKeyChunk) {
-            const int n = std::min(kKeyChunk, hi - chunk);
-            scores(table, k_base, v_base, chunk, n, hi);
-            for (int h = 0; h < heads_; ++h) softmax(h, n);
-            values(table, v_base, chunk, n);
+        Prefetcher<T> ahead(p_, table, k_base, lo, hi);
+        ahead.up_to(lo + KVT_PREFETCH_KEYS);
+        for (int chunk = lo; chunk < hi; chunk += kChunk) {
+            const int n = std::min(kChunk, hi - chunk);
+            for (int h = 0; h < heads_; ++h) {
+                scores(h, RowCursor<T>(p_, table, k_base + h * p_.stride_head, chunk), n, h == 0 ? &ahead : nullptr);
+                softmax(h, n);
+                values(h, RowCursor<T>(p_, table, v_base + h * p_.stride_head, chunk), n);
+            }
         }
+        store(item, token);
+    }
+
+  private:
+    const KvtParams& p_;
+    const int heads_;
+    std::vector<float> q_, acc_, scores_, widened_, max_, sum_;
+    std::vector<uint16_t> q16_, p16_;
+
+    // Query row set s of head h, quarter j: lane 4r + i holds dim 4j + i of row 4s + r (zero for padding).
+    float* query(int h, int s, int j) { return q_.data() + ((static_cast<size_t>(h) * kRowSets + s) * kQuads + j) * 16; }
+    // The same rows for the bf16 path, in bf16: lane 8r + i of quarter j holds dim 8j + i of row 4s + r.
+    uint16_t* query_bf16(int h, int s, int j) {
+        return q16_.data() + ((static_cast<size_t>(h) * kRowSets + s) * (kDim / 8) + j) * 32;
+    }
+    float* accumulator(int h, int g) { return acc_.data() + (static_cast<size_t>(h) * kGroup + g) * kDim; }
+    float* score(int h, int key_group, int s) {
+        return scores_.data() + ((static_cast<size_t>(h) * kKeyGroups + key_group) * kRowSets + s) * 16;
+    }
+
+    // Rearranges the token's query rows into the quarter layouts (16-byte copies: this runs once per item,
+    // and an element-wise loop here cost more than the keys of a short sequence).
+    void load_queries(int token) {
+        const float q_scale = p_.scale * p_.k_scale;
+        alignas(64) float scaled[kDim];
+        for (int h = 0; h < heads_; ++h) {
+            for (int row = 0; row < kRows; ++row) {
+                const float* src = p_.q + (static_cast<int64_t>(token) * p_.num_q_heads + h * kGroup + row) * kDim;
+                for (int v = 0; v < kVecs; ++v) store16(scaled + 16 * v, row < kGroup ? load16(src + 16 * v) * q_scale : v16{});
+                for (int j = 0; j < kQuads; ++j) std::memcpy(query(h, row / 4, j) + (row % 4) * 4, scaled + 4 * j, 4 * sizeof(float));
+                if constexpr (kDotBf16) load_query_bf16(h, row, row < kGroup ? src : nullptr);
+            }
+        }
+    }
+
+    // Key rows as float32: in place for a float cache, else widened into a small scratch that stays in L1.
+    const float* as_float(const T* row, int slot) {
+        if constexpr (std::is_same_v<T, float>) {
+            return row;
+        } else {
+            float* dst = widened_.data() + slot * kDim;
+            for (int v = 0; v < kVecs; ++v) store16(dst + 16 * v, load16(row + 16 * v));
+            return dst;
+        }
+    }
+
+    // Scores of head h's rows against the chunk's n keys; the first head's pass also drives the prefetcher.
+    void scores(int h, RowCursor<T> keys, int n, Prefetcher<T>* ahead) {
+        const int chunk = keys.position();
+        for (int group = 0; group * 4 < n; ++group) {
+            const int count = std::min(4, n - group * 4);
+            if (ahead != nullptr) ahead->up_to(chunk + group * 4 + KVT_PREFETCH_KEYS);
+            const T* raw[4];
+            for (int i = 0; i < count; ++i, keys.advance()) raw[i] = keys.row();
+            for (int i = count; i < 4; ++i) raw[i] = raw[0];  // padding keys: masked below
+            v16 sets[kRowSets];
+            if constexpr (kDotBf16) {
+                for (int s = 0; s < kRowSets; ++s) sets[s] = bf16_quad_scores(h, s, raw);
+            } else {
+                const float* k[4];
+                for (int i = 0; i < 4; ++i) k[i] = i < count ? as_float(raw[i], i) : k[0];
+                for (int s = 0; s < kRowSets; ++s) sets[s] = kGroup >= 4 ? quad_scores(h, s, k) : lane_scores(h, k);
+            }
+            for (int s = 0; s < kRowSets; ++s) {
+                v16 four = sets[s];
+                for (int i = count; i < 4; ++i) {
+                    for (int r = 0; r < 4; ++r) four[4 * r + i] = -std::numeric_limits<float>::infinity();
+                }
+                store16(score(h, group, s), four);
+            }
+        }
+    }
+
+#ifdef KVT_DOT_BF16
+    // bf16 keys straight from the cache: eight dims (four bf16 pairs) broadcast to each 128-bit lane, and
+    // vdpbf16ps sums each pair's products into the lane, so lane 4r + i ends up holding row r's sum over
+    // dims 2i and 2i + 1 (mod 8), the layout reduce_quads finishes. Half the multiply instructions of the
+    // float path and no widening; the query is rounded to bf16 (exact when the model runs in bf16).
+    ALWAYS_INLINE v16 bf16_quad_scores(int h, int s, const T* const* k) {
+        __m512 dot[4];
+        for (int i = 0; i < 4; ++i) dot[i] = _mm512_setzero_ps();
+        for (int j = 0; j < kDim / 8; ++j) {
+            const __m512bh quarter = (__m512bh)_mm512_loadu_si512(query_bf16(h, s, j));
+            for (int i = 0; i < 4; ++i) {
+                const __m512i keys = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[i] + 8 * j)));
+                dot[i] = _mm512_dpbf16_ps(dot[i], quarter, (__m512bh)keys);
+            }
+        }
+        return reduce_quads((v16)dot[0], (v16)dot[1], (v16)dot[2], (v16)dot[3]) * (p_.scale * p_.k_scale);
+    }
+#else
+    v16 bf16_quad_scores(int, int, const T* const*) { return v16{}; }
+#endif
+
+    ALWAYS_INLINE v16 quad_scores(int h, int s, const float* const* k) {
+        v16 dot[4];
+        const float* q = query(h, s, 0);
+        for (int i = 0; i < 4; ++i) dot[i] = load16(q) * broadcast4(k[i]);
+        for (int j = 1; j < kQuads; ++j) {
+            const v16 quarter = load16(q + 16 * j);
+            for (int i = 0; i < 4; ++i) dot[i] += quarter * broadcast4(k[i] + 4 * j);
+        }
+        return reduce_quads(dot[0], dot[1], dot[2], dot[3]);
+    }
+
+    // G < 4 (one row set): row r's query is rebuilt from its quarters once per call; each key's four row
+    // dot products are summed across lanes together.
+    ALWAYS_INLINE v16 lane_scores(int h, const float* const* k) {
+        alignas(64) float rows[4][kDim];
+        for (int j = 0; j < kQuads; ++j) {
+            const float* quarter = query(h, 0, j);
+            for (int r = 0; r < 4; ++r) std::memcpy(&rows[r][4 * j], quarter + 4 * r, 4 * sizeof(float));
+        }
+        v16 out{};
+        for (int i = 0; i < 4; ++i) {
+            v16 dot[4];
+            for (int r = 0; r < 4; ++r) {
+                dot[r] = load16(rows[r]) * load16(k[i]);
+                for (int v = 1; v < kVecs; ++v) dot[r] += load16(rows[r] + 16 * v) * load16(k[i] + 16 * v);
+            }
+            const v16 four = reduce4(dot[0], dot[1], dot[2], dot[3]);
+            for (int r = 0; r < 4; ++r) out[4 * r + i] = four[r];
+        }
+        return out;
+    }
+
+    void softmax(int h, int n) {
+        const int groups = (n + 3) / 4;
+        for (int s = 0; s < kRowSets; ++s) {
+            v16 top16 = splat(-std::numeric_limits<float>::infinity());
+            for (int group = 0; group < groups; ++group) {
+                const v16 x = load16(score(h, group, s));
+                top16 = x > top16 ? x : top16;
+            }
+            float rescale[4];
+            v16 shift{};
+            for (int r = 0; r < 4; ++r) {
+                const int g = 4 * s + r;
+                const float best = std::max(std::max(top16[4 * r], top16[4 * r + 1]), std::max(top16[4 * r + 2], top16[4 * r + 3]));
+                const float old = g < kGroup ? max_[h * kGroup + g] : best;
+                const float updated = std::max(old, best);
+                rescale[r] = fast_exp(old - updated);
+                if (g < kGroup) max_[h * kGroup + g] = updated;
+                for (int i = 0; i < 4; ++i) shift[4 * r + i] = updated;
+            }
+            v16 total{};
+            for (int group = 0; group < groups; ++group) {
+                float* flat = score(h, group, s);
+                const v16 e = fast_exp16(load16(flat) - shift);
+                store16(flat, e);
+                if constexpr (kDotBf16) store_bf16(h, group, s, e);
+                total += e;
+            }
+            for (int r = 0; r < 4 && 4 * s + r < kGroup; ++r) {
+                const int g = 4 * s + r;
+                sum_[h * kGroup + g] = sum_[h * kGroup + g] * rescale[r] + (total[4 * r] + total[4 * r + 1]) +
+                                       (total[4 * r + 2] + total[4 * r + 3]);
+                float* acc = accumulator(h, g);
+                for (int d = 0; d < kDim; ++d) acc[d] *= rescale[r];
+            }
+        }
+    }
+
+    void values(int h, RowCursor<T> rows, int n) {
+        v16 acc[kGroup][kVecs];
+        for (int g = 0; g < kGroup; ++g) {
+            for (int j = 0; j < kVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * j);
+        }
+        if constexpr (kDotBf16) {
+            bf16_values(h, rows, n, acc);
+        } else {
+            float_values(h, rows, n, acc);
+        }
+        for (int g = 0; g < kGroup; ++g) {
+            for (int j = 0; j < kVecs; ++j) store16(accumulator(h, g) + 16 * j, acc[g][j]);
+        }
+    }
+
+    ALWAYS_INLINE void float_values(int h, RowCursor<T>& rows, int n, v16 (&acc)[kGroup][kVecs]) {
+        for (int index = 0; index < n; ++index, rows.advance()) {
+            const T* row = rows.row();
+            v16 value[kVecs];
+            for (int i = 0; i < kVecs; ++i) value[i] = load16(row + 16 * i);
+            const float* weights = score(h, index / 4, 0) + index % 4;
+            for (int g = 0; g < kGroup; ++g) {
+                const float weight = weights[(g / 4) * 16 + (g % 4) * 4];
+                for (int i = 0; i < kVecs; ++i) acc[g][i] += weight * value[i];
+            }
+        }
+    }
+
+#ifdef KVT_DOT_BF16
+    // The weights of the chunk, rounded to bf16 alongside the float ones, in the same layout.
+    uint16_t* weights_bf16(int h, int key_group, int s) {
+        return p16_.data() + ((static_cast<size_t>(h) * kKeyGroups + key_group) * kRowSets + s) * 16;
+    }
+
+    void load_query_bf16(int h, int row, const float* src) {
+        alignas(64) uint16_t rounded[kDim];
+        for (int v = 0; v < kVecs; ++v) {
+            const v16 values = src != nullptr ? load16(src + 16 * v) : v16{};
+            _mm256_store_si256(reinterpret_cast<__m256i*>(rounded + 16 * v), (__m256i)_mm512_cvtneps_pbh((__m512)values));
+        }
+        for (int j = 0; j < kDim / 8; ++j) std::memcpy(query_bf16(h, row / 4, j) + (row % 4) * 8, rounded + 8 * j, 16);
+    }
+
+    void store_bf16(int h, int key_group, int s, v16 weights) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(weights_bf16(h, key_group, s)),
+                            (__m256i)_mm512_cvtneps_pbh((__m512)weights));
+    }
+
+    // Two keys at a time: their V rows interleaved into (key t, key t + 1) bf16 pairs per dim, and each
+    // row's two weights as one bf16 pair, so one vdpbf16ps adds both keys' contributions to 16 dims.
+    ALWAYS_INLINE void bf16_values(int h, RowCursor<T>& rows, int n, v16 (&acc)[kGroup][kVecs]) {
+        for (int index = 0; index < n; index += 2) {
+            const T* first = rows.row();
+            rows.advance();
+            const T* second = first;  // an odd tail pairs the key with itself under a zero weight
+            if (index + 1 < n) {
+                second = rows.row();
+                rows.advance();
+            }
+            __m512bh pairs[kVecs];
+            for (int i = 0; i < kVecs; ++i) {
+                const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + 16 * i)));
+                const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + 16 * i)));
+                pairs[i] = (__m512bh)_mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+            }
+            const uint16_t* weights = weights_bf16(h, index / 4, 0) + index % 4;
+            for (int g = 0; g < kGroup; ++g) {
+                uint32_t pair;
+                std::memcpy(&pair, weights + (g / 4) * 16 + (g % 4) * 4, sizeof(pair));
+                const __m512bh weight = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+                for (int i = 0; i < kVecs; ++i) acc[g][i] = (v16)_mm512_dpbf16_ps((__m512)acc[g][i], weight, pairs[i]);
+            }
+        }
+    }
+#else
+    void load_query_bf16(int, int, const float*) {}
+    void store_bf16(int, int, int, v16) {}
+    void bf16_values(int, RowCursor<T>&, int, v16 (&)[kGroup][kVecs]) {}
+#endif
+
+    void store(const Item& item, int token) {
         for (int h = 0; h < heads_; ++h) {
             for (int g = 0; g < kGroup; ++g) {
                 const int q_head = h * kGroup + g;
@@ -449,123 +803,7 @@ class DecodeRunner {
             }
         }
     }
-
-  private:
-    const KvtParams& p_;
-    const int heads_;
-    std::vector<float> q_, acc_, scores_, max_, sum_;
-
-    float* query(int h, int r) { return q_.data() + (static_cast<size_t>(h) * kRows + r) * kDim; }
-    float* accumulator(int h, int g) { return acc_.data() + (static_cast<size_t>(h) * kGroup + g) * kDim; }
-    float* score_rows(int h) { return scores_.data() + static_cast<size_t>(h) * kScoreRows * kRows; }
-
-    // A block-run's rows for all heads are contiguous: prefetch them as one byte range.
-    void prefetch_run(const T* base, const int32_t* table, int t, int count) const {
-        const char* start = reinterpret_cast<const char*>(base + row_offset(p_, table, t));
-        const int64_t bytes = static_cast<int64_t>(count) * p_.stride_token * sizeof(T);
-        for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(start + line);
-    }
-
-    void scores(const int32_t* table, const T* k_base, const T* v_base, int chunk, int n, int hi) {
-        int index = 0;
-        for (int t = chunk; t < chunk + n;) {
-            const int run = std::min(p_.block_size - t % p_.block_size, chunk + n - t);
-            prefetch_run(v_base, table, t, run);
-            const int ahead = t + run + (kPrefetchBlocks - 1) * p_.block_size;
-            if (ahead < hi) prefetch_run(k_base, table, ahead, std::min(p_.block_size, hi - ahead));
-            const T* block_rows = k_base + row_offset(p_, table, t);
-            for (int h = 0; h < heads_; ++h) {
-                v16 q[kRows][kVecs];
-                for (int r = 0; r < kRows; ++r) {
-                    for (int j = 0; j < kVecs; ++j) q[r][j] = load16(query(h, r) + 16 * j);
-                }
-                float* out = score_rows(h) + static_cast<size_t>(index) * kRows;
-                const T* row = block_rows + h * p_.stride_head;
-                for (int j = 0; j < run; ++j, row += p_.stride_token, out += kRows) {
-                    v16 key[kVecs];
-                    for (int v = 0; v < kVecs; ++v) key[v] = load16(row + 16 * v);
-                    for (int r = 0; r < kRows; r += 4) {
-                        v16 dot[4];
-                        for (int i = 0; i < 4; ++i) {
-                            dot[i] = q[r + i][0] * key[0];
-                            for (int v = 1; v < kVecs; ++v) dot[i] += q[r + i][v] * key[v];
-                        }
-                        const v16 four = reduce4(dot[0], dot[1], dot[2], dot[3]);
-                        for (int i = 0; i < 4; ++i) out[r + i] = four[i];
-                    }
-                }
-            }
-            index += run;
-            t += run;
-        }
-    }
-
-    void softmax(int h, int n) {
-        const int padded = (n + 3) / 4 * 4;
-        float* flat = score_rows(h);
-        std::fill(flat + n * kRows, flat + padded * kRows, -std::numeric_limits<float>::infinity());
-        const int count = padded * kRows;  // a multiple of 16 since kRows is 4 or 8
-        v16 top16 = splat(-std::numeric_limits<float>::infinity());
-        for (int i = 0; i < count; i += 16) {
-            const v16 x = load16(flat + i);
-            top16 = x > top16 ? x : top16;
-        }
-        float rescale[kRows];
-        alignas(64) float shift[16];
-        for (int r = 0; r < kRows; ++r) {
-            float best = -std::numeric_limits<float>::infinity();
-            for (int l = r; l < 16; l += kRows) best = std::max(best, top16[l]);
-            const float old = r < kGroup ? max_[h * kGroup + r] : best;
-            const float updated = std::max(old, best);
-            rescale[r] = fast_exp(old - updated);
-            if (r < kGroup) max_[h * kGroup + r] = updated;
-            for (int l = r; l < 16; l += kRows) shift[l] = updated;
-        }
-        const v16 shift16 = load16(shift);
-        v16 total = v16{};
-        for (int i = 0; i < count; i += 16) {
-            const v16 e = fast_exp16(load16(flat + i) - shift16);
-            store16(flat + i, e);
-            total += e;
-        }
-        for (int g = 0; g < kGroup; ++g) {
-            float added = 0.0f;
-            for (int l = g; l < 16; l += kRows) added += total[l];
-            sum_[h * kGroup + g] = sum_[h * kGroup + g] * rescale[g] + added;
-            float* acc = accumulator(h, g);
-            for (int d = 0; d < kDim; ++d) acc[d] *= rescale[g];
-        }
-    }
-
-    void values(const int32_t* table, const T* v_base, int chunk, int n) {
-        int index = 0;
-        for (int t = chunk; t < chunk + n;) {
-            const int run = std::min(p_.block_size - t % p_.block_size, chunk + n - t);
-            const T* block_rows = v_base + row_offset(p_, table, t);
-            for (int h = 0; h < heads_; ++h) {
-                v16 acc[kGroup][kVecs];
-                for (int g = 0; g < kGroup; ++g) {
-                    for (int j = 0; j < kVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * j);
-                }
-                const float* weights = score_rows(h) + static_cast<size_t>(index) * kRows;
-                const T* row = block_rows + h * p_.stride_head;
-                for (int j = 0; j < run; ++j, row += p_.stride_token, weights += kRows) {
-                    v16 value[kVecs];
-                    for (int i = 0; i < kVecs; ++i) value[i] = load16(row + 16 * i);
-                    for (int g = 0; g < kGroup; ++g) {
-                        for (int i = 0; i < kVecs; ++i) acc[g][i] += weights[g] * value[i];
-                    }
-                }
-                for (int g = 0; g < kGroup; ++g) {
-                    for (int j = 0; j < kVecs; ++j) std::memcpy(accumulator(h, g) + 16 * j, &acc[g][j], sizeof(v16));
-                }
-            }
-            index += run;
-            t += run;
-        }
-    }
 };
-
 template <typename Runner>
 void run_with(const std::vector<Item>& items, Runner& runner) {
 #pragma omp for schedule(dynamic, 1)
@@ -579,6 +817,9 @@ bool try_decode(const KvtParams& p) {
     for (int seq = 0; seq < p.num_seqs; ++seq) {
         for (int split = 0; split < p.num_splits; ++split) items.push_back({seq, 0, 0, 1, split});
     }
+    // Longest first: threads take items dynamically, so the step ends with short items, not with one
+    // thread finishing a long sequence while the others wait.
+    std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) { return p.seq_lens[a.seq] > p.seq_lens[b.seq]; });
 #pragma omp parallel num_threads(p.num_threads)
     {
         DecodeRunner<kDim, kGroup, T> runner(p);
@@ -613,7 +854,65 @@ void dispatch_dim(const KvtParams& p, const std::vector<Item>& items) {
     }
 }
 
+// Reads every K and V byte a decode step over this batch would read, in the same order, with the same
+// prefetching and threads, and no arithmetic but an xor: what the cache layout and the memory system allow
+// a paged decode kernel at best. `kvtune bench kernels` sets the kernel beside it.
+template <typename T>
+uint64_t read_blocks(const KvtParams& p) {
+    std::vector<int> order(p.num_seqs);
+    for (int seq = 0; seq < p.num_seqs; ++seq) order[seq] = seq;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.seq_lens[a] > p.seq_lens[b]; });
+    const int64_t row_bytes = static_cast<int64_t>((p.num_kv_heads - 1) * p.stride_head + p.head_dim) * sizeof(T);
+    using v4i = uint32_t __attribute__((vector_size(16)));
+    uint64_t checksum = 0;
+#pragma omp parallel num_threads(p.num_threads) reduction(^ : checksum)
+    {
+        v4i folded{};
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < p.num_seqs; ++i) {
+            const int seq = order[i];
+            const int32_t* table = p.block_tables + seq * p.block_table_stride;
+            const T* k_base = static_cast<const T*>(p.cache);
+            Prefetcher<T> ahead(p, table, k_base, 0, p.seq_lens[seq]);
+            RowCursor<T> rows(p, table, k_base, 0);
+            for (int t = 0; t < p.seq_lens[seq]; ++t, rows.advance()) {
+                ahead.up_to(t + KVT_PREFETCH_KEYS);
+                for (int kv = 0; kv < 2; ++kv) {
+                    const char* bytes = reinterpret_cast<const char*>(rows.row() + kv * p.stride_kv);
+                    for (int64_t b = 0; b + 16 <= row_bytes; b += 16) folded ^= load_vector<v4i>(bytes + b);
+                }
+            }
+        }
+        checksum ^= static_cast<uint64_t>(folded[0] ^ folded[1] ^ folded[2] ^ folded[3]);
+    }
+    return checksum;
+}
+
 }  // namespace
+
+// A streaming read of `bytes` bytes (a multiple of 64) with full-width vector loads on `threads` threads:
+// the machine's sequential read bandwidth, which torch's float sum does not always reach.
+extern "C" uint64_t kvt_stream_read(const void* data, int64_t bytes, int32_t threads) {
+    const char* base = static_cast<const char*>(data);
+    uint64_t checksum = 0;
+#pragma omp parallel num_threads(threads) reduction(^ : checksum)
+    {
+        v16i folded{};
+#pragma omp for schedule(static)
+        for (int64_t line = 0; line < bytes / 64; ++line) folded ^= load_vector<v16i>(base + line * 64);
+        for (int lane = 0; lane < 16; ++lane) checksum ^= static_cast<uint32_t>(folded[lane]);
+    }
+    return checksum;
+}
+
+extern "C" uint64_t kvt_read_blocks(const KvtParams* params) {
+    switch (params->cache_type) {
+        case 0: return read_blocks<float>(*params);
+        case 1: return read_blocks<F16>(*params);
+        case 2: return read_blocks<Bf16>(*params);
+        default: return read_blocks<Fp8>(*params);
+    }
+}
 
 extern "C" int kvt_paged_attention(const KvtParams* params) {
     const KvtParams& p = *params;
