@@ -159,7 +159,13 @@ def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, f
 
 def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, unsafe: int | None) -> Advice:
     """The way back up, with hysteresis: only with no preemption, requests waiting, max_num_seqs the
-    binding limit, and projected KV usage under the policy's target; never to a value that preempted."""
+    binding limit, and projected KV usage under the policy's target; never to a value that preempted.
+
+    Each added seat must also fit one whole request at the p95 footprint in the headroom under the target:
+    the residents sampled were part-way through their generations, so scaling their usage up (the projection)
+    under-counts what a newly admitted request will grow to. Without this, a pool with a seat's worth of
+    headroom on average but not at its peaks was probed one seat up, preempted, and rolled back: a wasted
+    raise-and-rollback cycle (the tuner benchmark, BENCHMARKS.md)."""
     current = engine.max_num_seqs
 
     def no(evidence: str) -> Advice:
@@ -179,10 +185,15 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     sized = d.mean_footprint_concurrency
     if sized is not None:
         target = min(target, sized)
+    seats = None
+    if engine.pool_tokens and d.footprint_p95:
+        seats = math.floor((policy.raise_kv_target - kv_max) * engine.pool_tokens / d.footprint_p95)
+        target = min(target, current + seats)
     if target <= current:
         return no(
             f"no headroom: KV usage max {kv_max:.0%} (target {policy.raise_kv_target:.0%}), unsafe {unsafe}"
             + (f", pool / mean footprint {sized}" if sized is not None else "")
+            + (f", headroom holds {max(seats, 0)} p95-footprint requests" if seats is not None else "")
         )
     return Advice(
         Remedy.LOWER_MAX_NUM_SEQS, True, current, target,

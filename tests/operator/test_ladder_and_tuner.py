@@ -8,7 +8,7 @@ from dataclasses import replace
 from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import EngineView
-from kvtune.operator.ladder import Remedy, plan
+from kvtune.operator.ladder import Remedy, plan, raise_max_num_seqs
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.tuner import Decision, TunerState, decide
@@ -138,8 +138,10 @@ def test_no_change_is_judged_before_running_requests_drain_under_the_new_limit()
 
 def test_raise_with_hysteresis_and_rollback_when_it_preempts() -> None:
     state = TunerState(unsafe_max_num_seqs=None)
-    decision, state = step(calm(0, 10, running=4, kv=0.5), kvtune_engine(4), state, 10)
-    assert [(c.before, c.value) for c in decision.changes] == [(4, 6)]  # 4 x 0.85 / 0.5 = 6.8
+    decision, state = step(calm(0, 10, running=4, kv=0.2), kvtune_engine(4), state, 10)
+    # the projection allows 4 x 0.8 / 0.2 = 16, but the headroom (0.8 - 0.2) x 1,024 tokens holds only two
+    # whole requests at the p95 footprint (~293 tokens)
+    assert [(c.before, c.value) for c in decision.changes] == [(4, 6)]
     samples = [synthetic(10, preemptions=50, generated=9000, kv=0.9, running=6, waiting=5),
                synthetic(21, preemptions=58, generated=18000, kv=1.0, running=6, waiting=5)]  # fmt: skip
     decision, state = step(samples, kvtune_engine(6), state, 21)
@@ -148,7 +150,7 @@ def test_raise_with_hysteresis_and_rollback_when_it_preempts() -> None:
     assert state.unsafe_max_num_seqs == 6 and state.history[-1].kind == "rolled_back"
     assert state.history[-2].after_figures is not None  # the raise got its after figures
     # headroom again later: the raise stops below the value that preempted
-    decision, state = step(calm(40, 50, running=4, kv=0.3, base=58), kvtune_engine(4), state, 50)
+    decision, state = step(calm(40, 50, running=4, kv=0.2, base=58), kvtune_engine(4), state, 50)
     assert [(c.before, c.value) for c in decision.changes] == [(4, 5)]
 
 
@@ -156,6 +158,18 @@ def test_no_raise_without_waiting_requests_or_headroom() -> None:
     decision, _ = step(calm(0, 10, running=4, kv=0.5, waiting=0), kvtune_engine(4), TunerState(), 10)
     assert decision.changes == ()
     decision, _ = step(calm(0, 10, running=4, kv=0.8), kvtune_engine(4), TunerState(), 10)
+    assert decision.changes == ()
+
+
+def test_no_raise_when_the_headroom_holds_no_whole_request() -> None:
+    # scaling usage up says 4 x 0.8 / 0.6 = 5 fit, but (0.8 - 0.6) x 1,024 = 205 tokens cannot hold one
+    # request at the p95 footprint (~293): such a probe preempts at the peaks and is rolled back
+    engine = kvtune_engine(4)
+    advice = raise_max_num_seqs(
+        diagnose(Window.of(calm(0, 10, running=4, kv=0.6)), engine), engine, POLICY, None
+    )
+    assert not advice.applicable and "headroom holds 0 p95-footprint requests" in advice.evidence
+    decision, _ = step(calm(0, 10, running=4, kv=0.6), engine, TunerState(), 10)
     assert decision.changes == ()
 
 
