@@ -2,8 +2,10 @@
 
 On one live engine (tiny model, a pool small enough to preempt) under a steady closed-loop workload:
 
-1. a static sweep of max_num_seqs values through the admin API; each is measured for goodput and
-   preemptions, and the sweep-best is the best goodput with zero preemptions;
+1. a static sweep of max_num_seqs values through the admin API, in two passes (rising, then falling); each
+   value is measured for goodput and preemptions, and the sweep-best is the best goodput among values with
+   zero preemptions in both windows (one 6 s window missed a marginal value's rare preemptions, which then
+   showed in the alternating rounds and made the "best" a value the tuner rightly rejects);
 2. a too-high start, then the local-mode tuner (the same `decide` the operator runs) until it stops
    changing the value; the steady state is measured with the tuner still running (preemptions there are
    the "preemptions after convergence");
@@ -49,6 +51,17 @@ class Measured:
     delivered: float  # generation tokens of finished requests per second
     preemptions: float
     per_cpu_s: float = float("nan")  # generation tokens per CPU-second of the engine process
+
+
+def combine(a: Measured, b: Measured) -> Measured:
+    """Two windows of one static value: mean rates, and every preemption either saw."""
+    return Measured(
+        a.max_num_seqs,
+        (a.goodput + b.goodput) / 2,
+        (a.delivered + b.delivered) / 2,
+        a.preemptions + b.preemptions,
+        (a.per_cpu_s + b.per_cpu_s) / 2,
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -157,7 +170,10 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
     started = time.monotonic()
     load = BackgroundLoad(engine.url, shape).start()
     try:
-        rows = [_static(actuator, source, value, args, "static", pid) for value in sweep]
+        # two passes, up then down: one window of a few seconds can miss a value's rare preemption
+        rising = [_static(actuator, source, value, args, "static", pid) for value in sweep]
+        falling = {value: _static(actuator, source, value, args, "static", pid) for value in reversed(sweep)}
+        rows = [combine(row, falling[row.max_num_seqs]) for row in rising]
         start_row = _static(actuator, source, args.start, args, "start", pid)
         clean = [row for row in rows if row.preemptions == 0]
         best = max(clean, key=lambda row: row.goodput) if clean else None
@@ -226,8 +242,9 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
         "sum), a cross-check that moves in lumps; 'per engine CPU-s' = generation tokens per CPU-second the "
         "engine process used (utime+stime), which discounts the time the shared box took the core away — "
         "the engine is always busy under this load, so on a quiet machine the two agree. Every static measurement: set max_num_seqs through "
-        f"the admin API, {args.settle:g} s settle, {args.measure:g} s measured. (1) Static sweep; sweep-best = "
-        f"best goodput with zero preemptions. (2) max_num_seqs {args.start}, then `kvtune operator --local` "
+        f"the admin API, {args.settle:g} s settle, {args.measure:g} s measured. (1) Static sweep in two passes "
+        "(rising, then falling; the table shows mean rates and the preemptions of both windows); sweep-best = "
+        "best goodput among values with zero preemptions in both. (2) max_num_seqs {args.start}, then `kvtune operator --local` "
         f"logic (interval {args.interval:g} s, evaluation window and cooldown {args.evaluation_window:g} s) for "
         f"{args.tune_seconds:g} s, then a {2 * args.measure:g} s steady-state window with the tuner still "
         "running. Intervals to converge = evaluation windows from the tuner's start to the one holding its "
@@ -238,7 +255,7 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
         f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, at end "
         f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}. Run took {minutes:.1f} min.",
         "",
-        "| max_num_seqs (static sweep) | goodput tokens/s | delivered tokens/s | tokens per engine CPU-s | "
+        "| max_num_seqs (static sweep, 2 passes) | goodput tokens/s | delivered tokens/s | tokens per engine CPU-s | "
         "preemptions |",
         "|---:|---:|---:|---:|---:|",
         *(_row(r) for r in [*rows, start_row]),
