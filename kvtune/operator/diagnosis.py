@@ -64,6 +64,7 @@ class Diagnosis:
     footprint_mean: float | None = None
     real_concurrency_ceiling: int | None = None
     mean_footprint_concurrency: int | None = None  # pool / mean footprint: every resident at its mean size
+    pooled_p95_concurrency: int | None = None  # residents whose total footprint's p95 fits the pool
     boot_line_concurrency: float | None = None
     prefix_defeats: tuple[tuple[str, float], ...] = ()  # (reason, count) from a defeat report
     findings: tuple[Finding, ...] = ()
@@ -127,6 +128,28 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
+def pooled_p95_concurrency(pool: float, mean: float | None, p95: float | None) -> int | None:
+    """The most residents whose *total* footprint stays within the pool at its 95th percentile.
+
+    pool / p95 sizes as if every resident held a p95-sized request at once; but residents' sizes are
+    independent, so their total has mean N x mean and spread sqrt(N) x sigma, and its p95 is about
+    N x mean + 1.645 sqrt(N) sigma. With p95 ~ mean + 1.645 sigma for one request, that is
+    N x mean + sqrt(N) x (p95 - mean). One resident gives pool / p95 exactly; many move towards pool / mean
+    as their sizes average out. (Still on the safe side: residents are part-way through their generation.)
+    None without both figures; at least 1.
+    """
+    if not mean or not p95 or mean <= 0:
+        return None
+    spread = max(p95 - mean, 0.0)
+    root = (-spread + math.sqrt(spread * spread + 4 * mean * pool)) / (2 * mean)
+    count = max(1, math.floor(root * root))
+    while count > 1 and count * mean + math.sqrt(count) * spread > pool:
+        count -= 1
+    while (count + 1) * mean + math.sqrt(count + 1) * spread <= pool:
+        count += 1
+    return count
+
+
 def diagnose(window: Window, engine: EngineView) -> Diagnosis:
     if not window.samples:
         return no_data("no sample in the window")
@@ -156,6 +179,7 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
         ceiling = max(1, math.floor(pool / footprints[1]))
     if pool and footprint_mean:
         mean_sized = max(1, math.floor(pool / footprint_mean))
+    pooled = pooled_p95_concurrency(pool, footprint_mean, footprints[1]) if pool else None
     boot_line = pool / engine.max_model_len if pool and engine.max_model_len else None
     capacity = window.gauge_mean(f"{m.WAITING_BY_REASON}:capacity")
     diagnosis = Diagnosis(
@@ -184,6 +208,7 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
         footprint_mean=footprint_mean,
         real_concurrency_ceiling=ceiling,
         mean_footprint_concurrency=mean_sized,
+        pooled_p95_concurrency=pooled,
         boot_line_concurrency=boot_line,
         prefix_defeats=tuple(
             sorted((k, v) for k, v in window.increases_with_prefix(m.PREFIX_DEFEATS).items() if v > 0)

@@ -79,6 +79,7 @@ def report(d: Diagnosis, engine: EngineView, remedies: list[Advice], source: str
             "footprint_p95": d.footprint_p95,
             "footprint_mean": d.footprint_mean,
             "mean_footprint_concurrency": d.mean_footprint_concurrency,
+            "pooled_p95_concurrency": d.pooled_p95_concurrency,
             "real_concurrency_ceiling": d.real_concurrency_ceiling,
             "boot_line_concurrency": d.boot_line_concurrency,
             "kv_pool_tokens": engine.pool_tokens,

@@ -108,28 +108,27 @@ def cap_max_tokens(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Ad
 
 
 def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, feedback: bool) -> Advice:
-    """First step sized from the pool and the per-request footprint; later steps (feedback) shave 20% off
-    the residency actually reached, until preemption stops.
+    """First step sized from the pool and the p95 footprint; later steps (feedback) shave 20% off the
+    residency actually reached, until preemption stops.
 
-    The first step is pool tokens / p95 footprint, unless the histograms' exact sums give the mean
-    footprint: then pool tokens / mean footprint, which is larger. p95 prompt + p95 generation assumes
-    every resident holds a p95-sized request at its last token at once, and engines' coarse buckets (vLLM:
-    1-2-5) inflate both quantiles by interpolation; residents are at different stages, so the pool holds
-    more of them than that. On vLLM's CPU build the p95 size left the pool 70% empty and cost a quarter
-    of the throughput; the mean size still left no preemption (BENCHMARKS.md, doctor-vllm). Feedback
-    covers the case where it is not enough."""
+    The first step is the most residents whose total footprint fits the pool at its 95th percentile
+    (diagnosis.pooled_p95_concurrency), not pool / p95: that divides as if every resident held a p95-sized
+    request at its last token at once, which on vLLM's CPU build left the pool 70% empty and cost 22% of the
+    throughput (BENCHMARKS.md, doctor-vllm). The total's p95 grows as N x mean + sqrt(N) x (p95 - mean), so
+    one resident is sized exactly as pool / p95 and many approach pool / mean. Without the histograms'
+    exact sums (no mean), pool / p95. Feedback covers the case where it is not enough."""
     current = engine.max_num_seqs
     sized = d.real_concurrency_ceiling
     figures = f"preemption rate {d.preemption_rate or 0:.2f}/s, running max {d.running_max or 0:.0f}"
     if sized is not None and d.footprint_p95 is not None:
         figures += f"; KV pool {engine.pool_tokens:,} tokens / p95 footprint {d.footprint_p95:,.0f} = {sized}"
-    mean_sized = d.mean_footprint_concurrency
-    if mean_sized is not None and d.footprint_mean is not None and (sized is None or mean_sized > sized):
+    pooled = d.pooled_p95_concurrency
+    if pooled is not None and d.footprint_mean is not None and d.footprint_p95 is not None:
         figures += (
-            f"; KV pool {engine.pool_tokens:,} tokens / mean footprint {d.footprint_mean:,.0f} (exact, from "
-            f"the histograms' sums) = {mean_sized}"
+            f"; p95 of {pooled} residents' total footprint ~ {pooled} x {d.footprint_mean:,.0f} (mean) + "
+            f"sqrt({pooled}) x {max(d.footprint_p95 - d.footprint_mean, 0):,.0f} (p95 - mean) fits the pool"
         )
-        sized = mean_sized
+        sized = pooled
     if not d.preempting:
         return Advice(Remedy.LOWER_MAX_NUM_SEQS, False, current, None, f"no preemption; {figures}")
     if current is None:
@@ -144,8 +143,8 @@ def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, f
     else:
         target = sized
         how = (
-            "sized from the mean footprint"
-            if sized == mean_sized and sized != d.real_concurrency_ceiling
+            "sized from the p95 of the residents' total footprint"
+            if sized == pooled
             else "sized from the real concurrency ceiling"
         )
     target = max(policy.clamp(target), current - policy.max_step)
@@ -180,9 +179,9 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     target = min(fit, current + policy.max_step, policy.max_max_num_seqs)
     if unsafe is not None:
         target = min(target, unsafe - 1)
-    # sampled KV usage misses the peaks between samples: never probe above what the pool holds at the mean
-    # footprint (the first step's own size), which grows again when requests get shorter
-    sized = d.mean_footprint_concurrency
+    # sampled KV usage misses the peaks between samples: never probe above the first step's own sizing,
+    # which grows again when requests get shorter
+    sized = d.pooled_p95_concurrency
     if sized is not None:
         target = min(target, sized)
     seats = None
@@ -192,7 +191,7 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     if target <= current:
         return no(
             f"no headroom: KV usage max {kv_max:.0%} (target {policy.raise_kv_target:.0%}), unsafe {unsafe}"
-            + (f", pool / mean footprint {sized}" if sized is not None else "")
+            + (f", pooled-p95 sizing {sized}" if sized is not None else "")
             + (f", headroom holds {max(seats, 0)} p95-footprint requests" if seats is not None else "")
         )
     return Advice(

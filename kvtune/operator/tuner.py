@@ -120,15 +120,22 @@ def _expire_unsafe(state: TunerState, policy: TuningPolicy, now: float) -> Tuner
 
 
 def settled_at(window: Window, pending: Pending, policy: TuningPolicy, now: float) -> float | None:
-    """When the change took effect: lowering max_num_seqs evicts nobody, so the new limit holds only once
-    the running requests have drained under it. Judging before that would blame the new value for the old
-    one's preemptions. After three evaluation windows the change is judged regardless."""
+    """When the change took effect. Lowering max_num_seqs evicts nobody, so the new limit holds only once
+    the running requests have drained under it; and the residents left then are the old value's survivors,
+    long requests (preemption took the youngest), so the pool stays fuller than the new value keeps it.
+    A lowering is therefore judged from one evaluation window after the limit held: judging earlier blamed
+    the new value for the old one's backlog (the tuner benchmark stepped a clean 9 down to 8 on one
+    preemption right after settling). After three evaluation windows the change is judged regardless."""
     if pending.knob != KNOB_MAX_NUM_SEQS or not isinstance(pending.after, int):
         return pending.at
     for sample in window.since(pending.at).samples:
         running = sample.gauges.get(RUNNING)
         if running is None or running <= pending.after:
-            return sample.timestamp
+            if pending.direction != "lower":
+                return sample.timestamp
+            return min(
+                sample.timestamp + policy.evaluation_window_s, pending.at + 3 * policy.evaluation_window_s
+            )
     return pending.at if now - pending.at >= 3 * policy.evaluation_window_s else None
 
 

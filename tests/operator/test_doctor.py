@@ -51,17 +51,18 @@ def test_json_contract(scrapes: str, capsys: pytest.CaptureFixture[str]) -> None
         assert set(remedy) == {"remedy", "applicable", "current", "recommended", "evidence"}
         assert isinstance(remedy["applicable"], bool) and isinstance(remedy["evidence"], str)
     lower = report["remedies"][1]
-    # Sized from the mean footprint (59.3 + 118.1 tokens in the window, exact from the histograms' sums):
-    # 1024 / 177 = 5;
-    # the p95 ceiling (3) is a finding and the fallback when the sums are missing.
-    assert (lower["applicable"], lower["current"], lower["recommended"]) == (True, 64, 5)
-    assert "mean footprint 177 (exact, from the histograms' sums) = 5" in lower["evidence"]
+    # Sized from the p95 of the residents' total footprint: mean 177 (59.3 + 118.1, exact from the
+    # histograms' sums), p95 ~293: 4 x 177 + 2 x 116 fits 1,024 tokens, 5 x 177 + 2.24 x 116 does not. The
+    # p95 ceiling (3, all residents at p95 at once) is a finding and the fallback when the sums are missing.
+    assert (lower["applicable"], lower["current"], lower["recommended"]) == (True, 64, 4)
+    assert findings["pooled_p95_concurrency"] == 4
+    assert "p95 of 4 residents' total footprint ~ 4 x 177 (mean)" in lower["evidence"]
 
 
 def test_text_report_has_concrete_numbers(scrapes: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--metrics-url", scrapes, "--window-seconds", "0.2"]) == 0
     out = capsys.readouterr().out
-    assert "max_num_seqs: 64 → 5" in out
+    assert "max_num_seqs: 64 → 4" in out
     assert "Real concurrency ceiling: 3" in out
     assert out.index("cap_max_tokens") < out.index("lower_max_num_seqs") < out.index("recommend_fp8_kv")
 

@@ -63,22 +63,28 @@ def test_lower_is_sized_from_the_real_ceiling_when_the_cap_would_not_bind() -> N
     assert state.history[-1].kind == "applied" and "ceiling" in state.history[-1].evidence
 
 
-def test_first_step_uses_the_exact_mean_footprint_when_the_histograms_have_sums() -> None:
+def test_first_step_sizes_the_p95_of_the_residents_total_footprint() -> None:
     def with_sums(sample: Sample) -> Sample:
         hists = dict(sample.histograms)
         for name, mean in ((m.REQUEST_PROMPT_TOKENS, 75.0), (m.REQUEST_GENERATION_TOKENS, 150.0)):
             hists[name] = replace(hists[name], total=mean * hists[name].count)
         return replace(sample, histograms=hists)
 
-    samples = [with_sums(s) for s in preempting(0, 10)]
-    d = diagnose(Window.of(samples), kvtune_engine())
-    assert d.real_concurrency_ceiling == 3 and d.footprint_mean == 225 and d.mean_footprint_concurrency == 4
-    decision, _ = step(samples, kvtune_engine(), TunerState(), 10)
-    assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_num_seqs", 64, 4)]
-    lower = plan(d, kvtune_engine(), POLICY)[1]
-    assert (lower.applicable, lower.recommended) == (True, 4)
-    assert lower.evidence.startswith("sized from the mean footprint")
-    assert "p95 footprint 292 = 3; KV pool 1,024 tokens / mean footprint 225" in lower.evidence
+    samples = [with_sums(s) for s in preempting(0, 10, running=20)]
+    engine = replace(kvtune_engine(), pool_tokens=4096)
+    d = diagnose(Window.of(samples), engine)
+    # 4,096 / p95 292 = 14 (all at p95 at once); 4,096 / mean 225 = 18; 16 x 225 + 4 x 67 = 3,868 fits, 17 not
+    assert (d.real_concurrency_ceiling, d.pooled_p95_concurrency, d.mean_footprint_concurrency) == (
+        14,
+        16,
+        18,
+    )
+    decision, _ = step(samples, engine, TunerState(), 10)
+    assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_num_seqs", 64, 16)]
+    lower = plan(d, engine, POLICY)[1]
+    assert (lower.applicable, lower.recommended) == (True, 16)
+    assert lower.evidence.startswith("sized from the p95 of the residents' total footprint")
+    assert "p95 footprint 292 = 14; p95 of 16 residents' total footprint ~ 16 x 225 (mean)" in lower.evidence
 
 
 def test_bounds_and_max_step() -> None:
@@ -94,20 +100,21 @@ def test_bounds_and_max_step() -> None:
 def test_feedback_lowers_until_preemption_stops_then_flags_and_fp8_once_exhausted() -> None:
     policy = replace(POLICY, min_max_num_seqs=2, shared_prefix_tokens=12)
     _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10, policy)
-    samples = [synthetic(10, preemptions=50, generated=5000, kv=1, running=3, waiting=5),
-               synthetic(21, preemptions=70, generated=6000, kv=1, running=3, waiting=5)]  # fmt: skip
-    decision, state = step(samples, kvtune_engine(3), state, 21, policy)
+    # a lowering is judged one window after the limit held (the old value's survivors have left by then)
+    samples = [synthetic(t, preemptions=50 + 2 * (t - 10), generated=5000 + 100 * (t - 10), kv=1, running=3,
+                         waiting=5) for t in (10, 21, 31)]  # fmt: skip
+    decision, state = step(samples, kvtune_engine(3), state, 31, policy)
     assert [(c.before, c.value) for c in decision.changes] == [(3, 2)]
     assert "feedback" in decision.changes[0].reason
-    samples = [synthetic(21, preemptions=70, generated=6000, kv=1, running=2, waiting=5),
-               synthetic(32, preemptions=90, generated=7000, kv=1, running=2, waiting=5)]  # fmt: skip
-    decision, state = step(samples, kvtune_engine(2), state, 32, policy)
+    samples = [synthetic(t, preemptions=90 + 2 * (t - 31), generated=7000 + 100 * (t - 31), kv=1, running=2,
+                         waiting=5) for t in (31, 42, 52)]  # fmt: skip
+    decision, state = step(samples, kvtune_engine(2), state, 52, policy)
     # at the floor: lowering is exhausted, so rungs 3 and 4 begin, as a flag and a recommendation
     assert decision.changes == ()
     assert [a.remedy for a in decision.advice] == [Remedy.FLAG_PREFIX_DEFEAT, Remedy.RECOMMEND_FP8_KV]
     assert "shorter than one block" in decision.advice[0].evidence
     assert "2x the tokens" in decision.advice[1].evidence and "accuracy" in decision.advice[1].evidence
-    again, _ = step(samples, kvtune_engine(2), state, 33, policy)
+    again, _ = step(samples, kvtune_engine(2), state, 53, policy)
     assert again.advice == ()  # recorded once
 
 
@@ -134,6 +141,18 @@ def test_no_change_is_judged_before_running_requests_drain_under_the_new_limit()
                 for t in (11, 15, 21)]  # fmt: skip
     decision, held = step(draining, kvtune_engine(3), state, 21)
     assert decision.changes == () and "settle" in decision.note and held.pending is not None
+
+
+def test_a_lowering_is_judged_after_the_old_values_survivors_leave() -> None:
+    _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10)
+    # drained under 3 at once; one preemption at 15 among the survivors, none after
+    samples = [synthetic(t, preemptions=50 if t < 15 else 52, generated=5000 + 100 * (t - 10), kv=0.9, running=3,
+                         waiting=5) for t in (10, 15, 20, 25, 30)]  # fmt: skip
+    decision, held = step(samples, kvtune_engine(3), state, 25)
+    assert decision.changes == () and "evaluating" in decision.note and held.pending is not None
+    decision, state = step(samples, kvtune_engine(3), state, 30)
+    assert decision.changes == () and state.pending is None  # kept, and no feedback step below 3
+    assert not decision.diagnosis.preempting
 
 
 def test_raise_with_hysteresis_and_rollback_when_it_preempts() -> None:
@@ -176,8 +195,9 @@ def test_no_raise_when_the_headroom_holds_no_whole_request() -> None:
 def test_lower_rolled_back_when_preemptions_rise() -> None:
     _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10)
     worse = [synthetic(10, preemptions=50, generated=5000, kv=1, running=3, waiting=5),
-             synthetic(21, preemptions=200, generated=5500, kv=1, running=3, waiting=5)]  # fmt: skip
-    decision, state = step(worse, kvtune_engine(3), state, 21)
+             synthetic(21, preemptions=200, generated=5500, kv=1, running=3, waiting=5),
+             synthetic(31, preemptions=350, generated=6000, kv=1, running=3, waiting=5)]  # fmt: skip
+    decision, state = step(worse, kvtune_engine(3), state, 31)
     assert [(c.before, c.value) for c in decision.changes] == [(3, 64)]
     assert Remedy.LOWER_MAX_NUM_SEQS in state.exhausted
 

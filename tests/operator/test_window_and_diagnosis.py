@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtune.operator import metric_names as m
-from kvtune.operator.diagnosis import diagnose
+from kvtune.operator.diagnosis import diagnose, pooled_p95_concurrency
 from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.sample import Sample
 from kvtune.operator.window import Window, histogram_quantile
@@ -118,3 +122,28 @@ def recorded_text(text: str, t: float) -> Sample:
     sample = parse_exposition(text, t, "sglang")
     assert isinstance(sample, Sample)
     return sample
+
+
+@given(
+    pool=st.floats(min_value=1, max_value=1e7),
+    mean=st.floats(min_value=1, max_value=1e5),
+    excess=st.floats(min_value=0, max_value=1e5),
+)
+def test_pooled_p95_sizing_lies_between_the_p95_and_the_mean_sizing(
+    pool: float, mean: float, excess: float
+) -> None:
+    p95 = mean + excess
+    pooled = pooled_p95_concurrency(pool, mean, p95)
+    assert pooled is not None and pooled >= 1
+    assert max(1, math.floor(pool / p95)) <= pooled <= max(1, math.floor(pool / mean))
+    if pooled > 1 or pool >= p95:
+        # the largest count whose total's p95 fits: it fits, one more does not
+        assert pooled * mean + math.sqrt(pooled) * excess <= pool * (1 + 1e-12)
+    assert (pooled + 1) * mean + math.sqrt(pooled + 1) * excess > pool * (1 - 1e-12)
+
+
+def test_pooled_p95_sizing_anchors() -> None:
+    assert pooled_p95_concurrency(300, 225, 292) == 1  # one resident: pool / p95
+    assert pooled_p95_concurrency(4096, 225, 292) == 16
+    assert pooled_p95_concurrency(4096, 225, 200) == 18  # p95 under the mean: no spread, pool / mean
+    assert pooled_p95_concurrency(4096, None, 292) is None
