@@ -30,16 +30,24 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 
-def one_two_five_buckets(limit: int) -> list[float]:
-    """1, 2, 5, 10, 20, 50, ... up to `limit`: the token-count buckets vLLM's size histograms use."""
+def size_buckets(limit: int) -> list[float]:
+    """Token-count buckets for the request-size histograms: Renard's R20 series (1, 1.12, 1.25, 1.4, 1.6, ...,
+    9, 10, 11, 13, ...: about 12% apart), in whole tokens, up to `limit`.
+
+    vLLM uses 1, 2, 5, 10, ...: a p95 interpolated inside a (200, 500] bucket read 680 tokens for requests
+    of at most 600 (the tuner benchmark), and the operator sizes max_num_seqs from the p95 footprint. The
+    series names are vLLM's; a histogram's buckets are its own, and Prometheus readers take any layout.
+    """
+    steps = (1.0, 1.12, 1.25, 1.4, 1.6, 1.8, 2.0, 2.24, 2.5, 2.8, 3.15, 3.55, 4.0, 4.5, 5.0, 5.6, 6.3, 7.1, 8.0, 9.0)
     buckets: list[float] = []
     decade = 1
     while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * decade
+        for step in steps:
+            value = float(int(step * decade + 0.5))
             if value > limit:
                 return buckets
-            buckets.append(float(value))
+            if not buckets or value > buckets[-1]:
+                buckets.append(value)
         decade *= 10
 
 
@@ -93,15 +101,15 @@ class EngineMetrics:
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         )
-        size_buckets = one_two_five_buckets(engine.max_model_len)
+        sizes = size_buckets(engine.max_model_len)
         self.request_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", size_buckets
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", sizes
         )
         self.request_generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", size_buckets
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", sizes
         )
         self.request_max_tokens = histogram(
-            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", size_buckets
+            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", sizes
         )
         pool_tokens = engine.cache.num_tokens
         cache_info = Gauge(
