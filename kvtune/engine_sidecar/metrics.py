@@ -31,14 +31,14 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 
 
 def size_buckets(limit: int) -> list[float]:
-    """Token-count buckets for the request-size histograms: Renard's R20 series (1, 1.12, 1.25, 1.4, 1.6, ...,
-    9, 10, 11, 13, ...: about 12% apart), in whole tokens, up to `limit`.
+    """Token-count buckets for the request-size histograms: a geometric series with 20 steps per decade
+    (..., 100, 112, 126, 141, 158, 178, 200, ...: 12% apart), in whole tokens, up to `limit`.
 
     vLLM uses 1, 2, 5, 10, ...: a p95 interpolated inside a (200, 500] bucket read 680 tokens for requests
     of at most 600 (the tuner benchmark), and the operator sizes max_num_seqs from the p95 footprint. The
     series names are vLLM's; a histogram's buckets are its own, and Prometheus readers take any layout.
     """
-    steps = (1.0, 1.12, 1.25, 1.4, 1.6, 1.8, 2.0, 2.24, 2.5, 2.8, 3.15, 3.55, 4.0, 4.5, 5.0, 5.6, 6.3, 7.1, 8.0, 9.0)
+    steps = [10 ** (i / 20) for i in range(20)]  # 20 per decade, each 12.2% above the last
     buckets: list[float] = []
     decade = 1
     while True:

@@ -13,11 +13,11 @@ from kvtune.operator.window import histogram_quantile
 
 def test_series_rises_in_steps_of_about_an_eighth() -> None:
     buckets = size_buckets(4096)
-    assert buckets[0] == 1 and buckets[-1] == 4000 and len(buckets) < 80
+    assert buckets[0] == 1 and buckets[-1] == 3981 and len(buckets) < 80
     assert all(a < b for a, b in itertools.pairwise(buckets))
     assert all(
         b / a <= 1.15 for a, b in itertools.pairwise(buckets) if a >= 100
-    )  # R20: 12% apart, 14% at most
+    )  # 12.2% apart, a little more where whole tokens round
 
 
 def test_interpolated_p95_of_uniform_sizes_is_within_five_percent() -> None:
