@@ -24,7 +24,8 @@ def test_bench_kernels_prints_and_records_a_cpu_section(tmp_path, capsys):
     ]
     assert main([*args, "--output", str(output)]) == 0
     printed = capsys.readouterr().out
-    assert "memory read ceiling" in printed and "| cpu | bf16 | 32 |" in printed
+    assert "reductions before each case" in printed and "| cpu | bf16 | 32 |" in printed
+    assert "| read-only | bf16 | 32 |" in printed
     if not torch.cuda.is_available():
         assert "no CUDA device" in printed
     text = output.read_text()
