@@ -1,8 +1,9 @@
 // Paged attention for the CPU: K/V are read in place, block by block, through the block table (no gather
 // copy). Two runners share the file:
 // - DecodeRunner (one query token per sequence, head_dim 32/64/128, group 1/2/4/8): an item is a
-//   (sequence, key split) with all KV heads, so each block is streamed front to back, and the work is
-//   written with explicit 16-lane vectors (GCC vector extensions).
+//   (sequence, key split) with all KV heads; keys are scored four at a time against four query rows, K/V
+//   rows are prefetched a fixed number of keys ahead, and the work is written with explicit 16-lane
+//   vectors (GCC vector extensions; AVX512-BF16 dot products for bf16 caches where the CPU has them).
 // - ItemRunner (prefill, and any other shape): an item is (sequence, KV head, tile of query tokens, split),
 //   holding the tile's rows for the G query heads that share the KV head.
 // Both use the online (flash) softmax over chunks of keys, so scratch stays in L1/L2 however long the
