@@ -50,6 +50,7 @@ class _Params(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("k_scale", ctypes.c_float),
         ("v_scale", ctypes.c_float),
+        ("query_bf16", ctypes.c_int32),
     ]
 
 
@@ -82,6 +83,7 @@ def _params(
     v_scale: float,
     num_splits: int,
     query_tile: int,
+    query_bf16: bool,
 ) -> _Params:
     """The kernel's argument block; every tensor must be contiguous and stay alive for the call."""
     num_tokens, num_q_heads, head_dim = queries.shape
@@ -111,6 +113,7 @@ def _params(
         scale=scale,
         k_scale=k_scale,
         v_scale=v_scale,
+        query_bf16=int(query_bf16),
     )
 
 
@@ -136,8 +139,9 @@ def _attention(
     out = torch.empty(num_splits, num_tokens, num_q_heads, head_dim, dtype=torch.float32)
     lse = torch.empty(num_splits, num_tokens, num_q_heads, dtype=torch.float32)
     params = _params(
-        queries, kv_cache, tables, starts, lengths, out, lse, scale, k_scale, v_scale, num_splits, query_tile
-    )
+        queries, kv_cache, tables, starts, lengths, out, lse, scale, k_scale, v_scale, num_splits, query_tile,
+        q.dtype == torch.bfloat16,
+    )  # fmt: skip
     if load().kvt_paged_attention(ctypes.byref(params)) != 0:
         raise KvtuneError(f"cpu attention kernel rejected cache dtype {kv_cache.dtype}")
     merged = out[0] if num_splits == 1 else merge_attention_partials(out, lse)[0]
@@ -174,6 +178,7 @@ def read_blocks(
         1.0,
         1,
         1,
+        False,
     )
     library = load()
     library.kvt_read_blocks.restype = ctypes.c_uint64

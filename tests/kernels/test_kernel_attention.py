@@ -167,3 +167,18 @@ def test_sequences_longer_than_table_are_rejected():
     case = build_case([20], [1], 4, 4, 32, 16, torch.float32)
     with pytest.raises(KvtuneError, match="longer than its block table"):
         paged_decode_attention(case.q, case.kv_cache, case.block_tables, case.seq_lens * 10, case.scale)
+
+
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cpu_fp8_decode_rounds_queries_to_bf16_only_when_they_were_bf16(query_dtype):
+    """The cpu backend's bf16 dot-product path (AVX512-BF16 CPUs) rounds queries and softmax weights to
+    bf16; with an fp8 cache, float32 and float16 queries must keep their own accuracy against the
+    dequantised cache."""
+    _skip_unavailable("cpu")
+    lengths = [1, 37, 300, 1000]
+    case = build_case(lengths, [1] * len(lengths), 8, 2, 32, 16, query_dtype, FP8_DTYPE, seed=7)
+    got = paged_decode_attention(
+        case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
+        k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
+    )  # fmt: skip
+    torch.testing.assert_close(got.double(), _expected_decode(case), **tolerance(query_dtype))

@@ -23,7 +23,7 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define KVT_DOT_BF16 1  // vdpbf16ps: bf16 pair dot products into float32 lanes (Zen 4, Sapphire Rapids)
 #endif
 
@@ -108,6 +108,7 @@ struct KvtParams {
     int32_t num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, block_size;
     int32_t num_splits, query_tile, cache_type, num_threads;
     float scale, k_scale, v_scale;
+    int32_t query_bf16;  // the caller's queries were bf16, so rounding them to bf16 loses nothing
 };
 
 }  // extern "C"
@@ -403,6 +404,41 @@ ALWAYS_INLINE v16 broadcast4(const float* src) {
 #endif
 }
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+// e4m3fn to bf16 in 16-bit lanes: a normal moves exponent and mantissa into place and rebiases (7 -> 127),
+// which is exact; a subnormal (mantissa x 2^-9) is looked up; S.1111.111 is NaN.
+ALWAYS_INLINE __m512i fp8_bytes_to_bf16(__m512i byte) {
+    const __m512i magnitude = _mm512_and_si512(byte, _mm512_set1_epi16(0x7F));
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(byte, _mm512_set1_epi16(0x80)), 8);
+    const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 4), _mm512_set1_epi16(120 << 7));
+    const __m512i subnormals = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+    __m512i value = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)), normal,
+                                            _mm512_permutexvar_epi16(magnitude, subnormals));
+    value = _mm512_mask_mov_epi16(value, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
+                                  _mm512_set1_epi16(0x7FC0));
+    return _mm512_or_si512(value, sign);
+}
+
+// 32 fp8 values as 32 bf16 words; and 16 of them (in the low half).
+ALWAYS_INLINE __m512i fp8_to_bf16(const Fp8* src) {
+    return fp8_bytes_to_bf16(_mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+}
+ALWAYS_INLINE __m512i fp8_to_bf16_16(const Fp8* src) {
+    return fp8_bytes_to_bf16(_mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)))));
+}
+
+// 128-bit lane `lane` of v in all four lanes.
+ALWAYS_INLINE __m512i broadcast_lane(__m512i v, int lane) {
+    switch (lane) {
+        case 0: return _mm512_shuffle_i32x4(v, v, 0x00);
+        case 1: return _mm512_shuffle_i32x4(v, v, 0x55);
+        case 2: return _mm512_shuffle_i32x4(v, v, 0xAA);
+        default: return _mm512_shuffle_i32x4(v, v, 0xFF);
+    }
+}
+#endif
+
 // a..d hold, for four keys, the partial dot products of four query rows: lane 4r + i is row r's sum over
 // dims i, i + 4, i + 8, ... Returns the finished dot products with lane 4r + key (keys a, b, c, d = 0..3):
 // six in-lane shuffles and adds for sixteen dot products.
@@ -497,7 +533,9 @@ class Prefetcher {
 //   three quarters of its multiplies on padding rows).
 // Scores are kept as [key group][row set][row][key within group], so the softmax and the value pass read
 // whole vectors. The value pass keeps a head's G accumulators in registers for a whole chunk of keys.
-template <int kDim, int kGroup, typename T>
+// kDot allows the bf16 dot-product path (bf16 and fp8 caches); it rounds queries and weights to bf16, so
+// it is taken only when the caller's queries were bf16 already.
+template <int kDim, int kGroup, typename T, bool kDot>
 class DecodeRunner {
     static constexpr int kVecs = kDim / 16;
     static constexpr int kQuads = kDim / 4;
@@ -506,7 +544,7 @@ class DecodeRunner {
     static constexpr int kChunk = 64;  // keys per online-softmax step: a chunk's K and V rows stay in L1/L2
     static constexpr int kKeyGroups = kChunk / 4;
 #ifdef KVT_DOT_BF16
-    static constexpr bool kDotBf16 = std::is_same_v<T, Bf16> && kGroup >= 4;
+    static constexpr bool kDotBf16 = kDot && (std::is_same_v<T, Bf16> || std::is_same_v<T, Fp8>) && kGroup >= 4;
 #else
     static constexpr bool kDotBf16 = false;
 #endif
@@ -625,14 +663,35 @@ class DecodeRunner {
     // vdpbf16ps sums each pair's products into the lane, so lane 4r + i ends up holding row r's sum over
     // dims 2i and 2i + 1 (mod 8), the layout reduce_quads finishes. Half the multiply instructions of the
     // float path and no widening; the query is rounded to bf16 (exact when the model runs in bf16).
+    // Dims [16i, 16i + 16) of a cache row as 16 bf16 words: loaded for a bf16 cache, widened for fp8.
+    ALWAYS_INLINE __m256i bf16_words16(const T* row, int i) {
+        if constexpr (std::is_same_v<T, Fp8>) {
+            return _mm512_castsi512_si256(fp8_to_bf16_16(row + 16 * i));
+        } else {
+            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * i));
+        }
+    }
+
     ALWAYS_INLINE v16 bf16_quad_scores(int h, int s, const T* const* k) {
         __m512 dot[4];
         for (int i = 0; i < 4; ++i) dot[i] = _mm512_setzero_ps();
-        for (int j = 0; j < kDim / 8; ++j) {
-            const __m512bh quarter = (__m512bh)_mm512_loadu_si512(query_bf16(h, s, j));
-            for (int i = 0; i < 4; ++i) {
-                const __m512i keys = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[i] + 8 * j)));
-                dot[i] = _mm512_dpbf16_ps(dot[i], quarter, (__m512bh)keys);
+        if constexpr (std::is_same_v<T, Fp8>) {
+            // fp8 keys are widened to bf16 32 dims at a time, then each 8-dim lane broadcast in registers
+            for (int c = 0; c < kDim / 32; ++c) {
+                __m512i words[4];
+                for (int i = 0; i < 4; ++i) words[i] = fp8_to_bf16(k[i] + 32 * c);
+                for (int lane = 0; lane < 4; ++lane) {
+                    const __m512bh quarter = (__m512bh)_mm512_loadu_si512(query_bf16(h, s, 4 * c + lane));
+                    for (int i = 0; i < 4; ++i) dot[i] = _mm512_dpbf16_ps(dot[i], quarter, (__m512bh)broadcast_lane(words[i], lane));
+                }
+            }
+        } else {
+            for (int j = 0; j < kDim / 8; ++j) {
+                const __m512bh quarter = (__m512bh)_mm512_loadu_si512(query_bf16(h, s, j));
+                for (int i = 0; i < 4; ++i) {
+                    const __m512i keys = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[i] + 8 * j)));
+                    dot[i] = _mm512_dpbf16_ps(dot[i], quarter, (__m512bh)keys);
+                }
             }
         }
         return reduce_quads((v16)dot[0], (v16)dot[1], (v16)dot[2], (v16)dot[3]) * (p_.scale * p_.k_scale);
@@ -771,8 +830,8 @@ class DecodeRunner {
             }
             __m512bh pairs[kVecs];
             for (int i = 0; i < kVecs; ++i) {
-                const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + 16 * i)));
-                const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + 16 * i)));
+                const __m512i low = _mm512_cvtepu16_epi32(bf16_words16(first, i));
+                const __m512i high = _mm512_cvtepu16_epi32(bf16_words16(second, i));
                 pairs[i] = (__m512bh)_mm512_or_si512(low, _mm512_slli_epi32(high, 16));
             }
             const uint16_t* weights = weights_bf16(h, index / 4, 0) + index % 4;
@@ -823,8 +882,13 @@ bool try_decode(const KvtParams& p) {
     std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) { return p.seq_lens[a.seq] > p.seq_lens[b.seq]; });
 #pragma omp parallel num_threads(p.num_threads)
     {
-        DecodeRunner<kDim, kGroup, T> runner(p);
-        run_with(items, runner);
+        if (p.query_bf16) {
+            DecodeRunner<kDim, kGroup, T, true> runner(p);
+            run_with(items, runner);
+        } else {
+            DecodeRunner<kDim, kGroup, T, false> runner(p);
+            run_with(items, runner);
+        }
     }
     return true;
 }
