@@ -575,14 +575,16 @@ class DecodeRunner {
         const int32_t* table = p_.block_tables + item.seq * p_.block_table_stride;
         const T* k_base = static_cast<const T*>(p_.cache);
         const T* v_base = k_base + p_.stride_kv;
-        Prefetcher<T> ahead(p_, table, k_base, lo, hi);
-        ahead.up_to(lo + KVT_PREFETCH_KEYS);
-        for (int chunk = lo; chunk < hi; chunk += kChunk) {
-            const int n = std::min(kChunk, hi - chunk);
-            for (int h = 0; h < heads_; ++h) {
-                scores(h, RowCursor<T>(p_, table, k_base + h * p_.stride_head, chunk), n, h == 0 ? &ahead : nullptr);
-                softmax(h, n);
-                values(h, RowCursor<T>(p_, table, v_base + h * p_.stride_head, chunk), n);
+        if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
+            Prefetcher<T> ahead(p_, table, k_base, lo, hi);
+            ahead.up_to(lo + KVT_PREFETCH_KEYS);
+            for (int chunk = lo; chunk < hi; chunk += kChunk) {
+                const int n = std::min(kChunk, hi - chunk);
+                for (int h = 0; h < heads_; ++h) {
+                    scores(h, RowCursor<T>(p_, table, k_base + h * p_.stride_head, chunk), n, h == 0 ? &ahead : nullptr);
+                    softmax(h, n);
+                    values(h, RowCursor<T>(p_, table, v_base + h * p_.stride_head, chunk), n);
+                }
             }
         }
         store(item, token);
