@@ -24,17 +24,16 @@ import datetime
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtune.errors import KvtuneError
+from kvtune.local_http import free_port, health_ok
 from kvtune.peers.saturating_load import LoadResult, LoadSpec, request_bodies, run_load
 from kvtune.peers.vllm_cpu import VllmServerConfig
 
@@ -270,20 +269,6 @@ def format_section(
 
 
 # --- servers ---------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _health_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as response:
-            status: int = response.status
-            return status == 200
-    except (OSError, ValueError):
-        return False
 
 
 def _tail(path: Path) -> str:
@@ -320,7 +305,7 @@ class KvtuneServer:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while not _health_ok(self.url):
+        while not health_ok(self.url):
             code = self.process.poll()
             if code is not None:
                 raise KvtuneError(
@@ -372,7 +357,7 @@ def _timed_load(
 
 
 def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index: int) -> RunResult:
-    port = _free_port()
+    port = free_port()
     boot_start = time.perf_counter()
     log_path = log_dir / f"kvtune-run{index}.log"
     with KvtuneServer(kvtune_command(args, model_dir, port), port, log_path) as server:

@@ -3,20 +3,13 @@ reaches engines over HTTP only, so it starts one the same way a user would."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtune.local_http import free_port
 from kvtune.operator.load import wait_for
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

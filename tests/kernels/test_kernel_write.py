@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_inputs import DEVICE
+from paged_inputs import DEVICE, skip_unavailable
 
 from kvtune.errors import KvtuneError
-from kvtune.kernels import FP8_DTYPE, kv_bytes_per_token, quantize_fp8, unavailable_reason, write_kv
+from kvtune.kernels import FP8_DTYPE, kv_bytes_per_token, quantize_fp8, write_kv
 from kvtune.kernels.cache_dtype import resolve_cache_dtype
 from kvtune.kernels.triton_common import interpreted
 
 BACKENDS = ["reference", "cpu", "triton"]
-
-
-def _skip_unavailable(backend: str) -> None:
-    reason = unavailable_reason(backend)
-    if reason is not None:
-        pytest.skip(reason)
-    if backend == "cpu" and DEVICE.type != "cpu":
-        pytest.skip("the cpu backend runs on cpu tensors")
 
 
 def _write(backend: str, dtype: torch.dtype, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor):
@@ -31,7 +23,7 @@ def _write(backend: str, dtype: torch.dtype, key: torch.Tensor, value: torch.Ten
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_write_puts_each_token_in_its_slot_and_skips_negative_slots(backend, dtype):
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     gen = torch.Generator().manual_seed(1)
     key = torch.randn(5, 2, 32, generator=gen).to(dtype)
     value = torch.randn(5, 2, 32, generator=gen).to(dtype)
@@ -48,7 +40,7 @@ def test_write_puts_each_token_in_its_slot_and_skips_negative_slots(backend, dty
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_write_quantises_with_the_per_tensor_scales(backend):
     """Values that are exact in e4m3 after scaling round-trip exactly on every backend."""
-    _skip_unavailable(backend)
+    skip_unavailable(backend)
     grid = torch.tensor([0.0, 0.125, -0.5, 1.0, 1.75, -3.0, 6.5, 240.0, -448.0])
     exact = grid[torch.randint(0, len(grid), (3, 2, 32), generator=torch.Generator().manual_seed(2))]
     cache = _write(backend, FP8_DTYPE, exact * 0.5, exact * 0.25, torch.tensor([1, 2, 3]))
