@@ -1,9 +1,10 @@
 // Paged attention for the CPU: K/V are read in place, block by block, through the block table (no gather
 // copy). Two runners share the file:
 // - DecodeRunner (one query token per sequence, head_dim 32/64/128, group 1/2/4/8): an item is a
-//   (sequence, key split) with all KV heads; keys are scored four at a time against four query rows, K/V
-//   rows are prefetched a fixed number of keys ahead, and the work is written with explicit 16-lane
-//   vectors (GCC vector extensions; AVX512-BF16 dot products for bf16 caches where the CPU has them).
+//   (sequence, key split) with all KV heads; keys are scored four at a time against four query rows, the
+//   rows the item will read are prefetched a fixed number of bytes ahead of its reads, and the work is
+//   written with explicit 16-lane vectors (GCC vector extensions; AVX512-BF16 dot products for bf16 and
+//   fp8 caches where the CPU has them).
 // - ItemRunner (prefill, and any other shape): an item is (sequence, KV head, tile of query tokens, split),
 //   holding the tile's rows for the G query heads that share the KV head.
 // Both use the online (flash) softmax over chunks of keys, so scratch stays in L1/L2 however long the
@@ -30,9 +31,10 @@
 // The vector helpers must inline: an out-of-line call spills every live vector register around it.
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-// How many keys ahead of the score pass the decode runner prefetches K and V rows.
-#ifndef KVT_PREFETCH_KEYS
-#define KVT_PREFETCH_KEYS 48
+// How far ahead of its reads the decode runner prefetches, in bytes of K/V (see PrefetchStream). Measured on
+// the 2-core EPYC with 2 MiB pages: 8-32 KiB within 5% of each other, 4 KiB and 64 KiB 10-20% slower.
+#ifndef KVT_PREFETCH_BYTES
+#define KVT_PREFETCH_BYTES 16384
 #endif
 
 namespace {
@@ -316,27 +318,47 @@ ALWAYS_INLINE v16 load16(const float* src) { return *reinterpret_cast<const v16u
 
 ALWAYS_INLINE void store16(float* dst, v16 value) { *reinterpret_cast<v16u*>(dst) = value; }
 
-ALWAYS_INLINE v16 splat(float value) { return v16{} + value; }
+// One value in every lane. (`v16{} + value` compiles to a scalar add of zero and then the broadcast.)
+ALWAYS_INLINE v16 splat(float value) {
+#ifdef __AVX512F__
+    return (v16)_mm512_set1_ps(value);
+#else
+    return v16{} + value;
+#endif
+}
 
-// fast_exp on 16 lanes with explicit vector operations (the scalar version's clamps and select compile to
-// branches that keep the loop scalar): round-to-nearest by the 1.5 * 2^23 trick, then 2^n from the bits.
-ALWAYS_INLINE v16 fast_exp16(v16 x) {
-    const v16 low = splat(-87.0f), high = splat(88.0f);
-    v16 clamped = x < low ? low : x;
-    clamped = clamped > high ? high : clamped;
-    const v16 magic = splat(12582912.0f);
-    const v16 n = (clamped * 1.44269504088896341f + magic) - magic;
-    const v16 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+// exp on 16 lanes: x = n ln2 + r with |r| <= ln2 / 2, e^r by the polynomial of fast_exp, then 2^n.
+// With AVX-512, vrndscaleps rounds and vscalefps applies 2^n, underflowing to 0 below about -104 (so -inf
+// gives 0) with no clamps or integer conversion: about half the operations of the portable version, which
+// rounds by the 1.5 * 2^23 trick and builds 2^n from the exponent bits.
+ALWAYS_INLINE v16 exp_polynomial(v16 r) {
     v16 poly = splat(1.9875691500e-4f);
     poly = poly * r + 1.3981999507e-3f;
     poly = poly * r + 8.3334519073e-3f;
     poly = poly * r + 4.1665795894e-2f;
     poly = poly * r + 1.6666665459e-1f;
     poly = poly * r + 5.0000001201e-1f;
-    const v16 y = poly * r * r + r + 1.0f;
+    return poly * r * r + r + 1.0f;
+}
+
+ALWAYS_INLINE v16 fast_exp16(v16 x) {
+#ifdef __AVX512F__
+    const v16 low = splat(-110.0f);
+    const v16 clamped = x < low ? low : x;  // also turns -inf into a finite input (and then 0)
+    const v16 n = (v16)_mm512_roundscale_ps((__m512)(clamped * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const v16 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+    return (v16)_mm512_scalef_ps((__m512)exp_polynomial(r), (__m512)n);
+#else
+    const v16 low = splat(-87.0f), high = splat(88.0f);
+    v16 clamped = x < low ? low : x;
+    clamped = clamped > high ? high : clamped;
+    const v16 magic = splat(12582912.0f);
+    const v16 n = (clamped * 1.44269504088896341f + magic) - magic;
+    const v16 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
     const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    const v16 result = y * (v16)bits;
+    const v16 result = exp_polynomial(r) * (v16)bits;
     return x < low ? v16{} : result;
+#endif
 }
 
 using v16u8 = uint8_t __attribute__((vector_size(16)));
@@ -452,113 +474,127 @@ ALWAYS_INLINE v16 reduce_quads(v16 a, v16 b, v16 c, v16 d) {
     return __builtin_shuffle(ab, cd, first) + __builtin_shuffle(ab, cd, second);
 }
 
-// Steps through a sequence's K (or V) rows one token at a time, following the block table without a
-// division per token. The next block's address is looked up only when it is needed, so the cursor never
-// reads past the sequence's last table entry.
+// The K-row address (head 0; V is stride_kv further on) of each key in [lo, hi) of one sequence: one table
+// lookup per block, then the passes below index keys directly and can look any distance ahead. The list is
+// padded to whole groups of four keys with the last row, so a group's loads need no bounds checks.
 template <typename T>
-class RowCursor {
+void key_rows(const KvtParams& p, const int32_t* table, int lo, int hi, std::vector<const T*>& rows) {
+    rows.resize(static_cast<size_t>(hi - lo));
+    if (lo >= hi) return;
+    const T* cache = static_cast<const T*>(p.cache);
+    size_t i = 0;
+    for (int t = lo; t < hi;) {
+        const int offset = t % p.block_size;
+        const int run = std::min(p.block_size - offset, hi - t);
+        const T* row = cache + table[t / p.block_size] * p.stride_block + offset * p.stride_token;
+        for (int j = 0; j < run; ++j, row += p.stride_token) rows[i++] = row;
+        t += run;
+    }
+    rows.resize(static_cast<size_t>(hi - lo + 3) / 4 * 4, rows.back());  // padding keys: a real row, masked
+}
+
+// Prefetches, a fixed number of steps ahead, exactly what a decode item will read. Its reads come in steps
+// of four keys' rows of one KV head, K or V: chunk by chunk, then head by head, K before V; each step()
+// issues the lines of the step `distance` steps on. Blocks sit at random places in the pool, so the
+// hardware prefetcher cannot run ahead across a block boundary; asking for lines at the rate they are
+// consumed keeps the core's miss buffers busy without overflowing them (a whole block at a time did:
+// measured, the same time for bf16 as for fp32, i.e. latency-bound; and prefetching a key's rows for every
+// head at once ran in bursts, 20% slower).
+template <typename T, int kChunk>
+class PrefetchStream {
   public:
-    RowCursor(const KvtParams& p, const int32_t* table, const T* base, int t)
-        : p_(p), table_(table), base_(base), block_(t / p.block_size), offset_(t % p.block_size),
-          row_(base + row_offset(p, table, t)) {}
-
-    int position() const { return block_ * p_.block_size + offset_; }
-
-    const T* row() {
-        if (row_ == nullptr) row_ = base_ + table_[block_] * p_.stride_block;
-        return row_;
+    // `keys` as from key_rows: `count` keys, padded to whole groups of four.
+    PrefetchStream(const KvtParams& p, const T* const* keys, int count)
+        : keys_(keys), count_(count), heads_(p.num_kv_heads), stride_kv_(p.stride_kv), stride_head_(p.stride_head),
+          bytes_(static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T))) {
+        const int64_t distance = std::max<int64_t>(1, KVT_PREFETCH_BYTES / (4 * bytes_));
+        for (int64_t i = 0; i < distance; ++i) step();
     }
 
-    void advance() {
-        if (++offset_ == p_.block_size) {
-            offset_ = 0;
-            ++block_;
-            row_ = nullptr;
-        } else {
-            row_ += p_.stride_token;
-        }
+    ALWAYS_INLINE void step() {
+        if (chunk_ >= count_) return;
+        const int64_t offset = kv_ * stride_kv_ + head_ * stride_head_;
+        for (int i = 0; i < 4; ++i) lines(keys_[chunk_ + key_ + i] + offset);
+        if ((key_ += 4) < std::min(kChunk, count_ - chunk_)) return;
+        key_ = 0;
+        if (++kv_ < 2) return;
+        kv_ = 0;
+        if (++head_ < heads_) return;
+        head_ = 0;
+        chunk_ += kChunk;
     }
 
   private:
-    const KvtParams& p_;
-    const int32_t* table_;
-    const T* base_;
-    int block_, offset_;
-    const T* row_;
-};
+    const T* const* keys_;
+    const int count_, heads_;
+    const int64_t stride_kv_, stride_head_, bytes_;
+    int chunk_ = 0, head_ = 0, kv_ = 0, key_ = 0;
 
-// Touches every head's K and V rows of the keys a fixed distance ahead of the score pass, a few cache
-// lines per key. Blocks sit at random places in the pool, so the hardware prefetcher cannot run ahead across
-// a block boundary; and requesting a whole block's lines at once overflows the core's miss buffers, which
-// is what a per-block prefetch did (measured: the same time for bf16 as for fp32, i.e. latency-bound).
-template <typename T>
-class Prefetcher {
-  public:
-    Prefetcher(const KvtParams& p, const int32_t* table, const T* k_base, int from, int hi)
-        : cursor_(p, table, k_base, from),
-          next_(from),
-          hi_(hi),
-          v_offset_(p.stride_kv),
-          row_bytes_(static_cast<int64_t>((p.num_kv_heads - 1) * p.stride_head + p.head_dim) * sizeof(T)) {}
-
-    // Prefetch every key before `key` (and below the item's end) not prefetched yet.
-    void up_to(int key) {
-        for (key = std::min(key, hi_); next_ < key; ++next_, cursor_.advance()) {
-            const T* row = cursor_.row();
-            touch(reinterpret_cast<const char*>(row));
-            touch(reinterpret_cast<const char*>(row + v_offset_));
+    ALWAYS_INLINE void lines(const T* row) const {
+        const uintptr_t end = reinterpret_cast<uintptr_t>(row) + bytes_;
+        for (uintptr_t line = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63}; line < end; line += 64) {
+            __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);  // to L2: to L1 measured 1.5-2x slower
         }
     }
-
-  private:
-    RowCursor<T> cursor_;
-    int next_;
-    const int hi_;
-    const int64_t v_offset_, row_bytes_;
-
-    void touch(const char* start) const {
-        const uintptr_t first = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{63};
-        const uintptr_t end = reinterpret_cast<uintptr_t>(start) + row_bytes_;
-        for (uintptr_t line = first; line < end; line += 64) __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
-    }
 };
+
+// Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
+ALWAYS_INLINE v16 max_within_quads(v16 x) {
+    const v16i swap_pairs = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+    const v16i swap_halves = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+    const v16 a = __builtin_shuffle(x, swap_pairs);
+    x = a > x ? a : x;
+    const v16 b = __builtin_shuffle(x, swap_halves);
+    return b > x ? b : x;
+}
 
 // Decode (one query token per sequence) with the group size and head_dim known at compile time. An item is
-// a (sequence, key split) with all its KV heads. Keys are taken four at a time, and a KV head's G query rows
-// in sets of four (G = 1 and 2 are padded to four rows):
-// - G >= 4: each key is cut into quarters of four dims, each quarter broadcast to the four 128-bit lanes and
-//   multiplied into a vector holding the same quarter of four query rows; reduce_quads finishes the sixteen
-//   dot products of four rows x four keys with six in-lane operations.
-// - G < 4: each key's row dot products are summed across lanes by reduce4 (the broadcast form would spend
-//   three quarters of its multiplies on padding rows).
-// Scores are kept as [key group][row set][row][key within group], so the softmax and the value pass read
-// whole vectors. The value pass keeps a head's G accumulators in registers for a whole chunk of keys.
-// kDot allows the bf16 dot-product path (bf16 and fp8 caches); it rounds queries and weights to bf16, so
-// it is taken only when the caller's queries were bf16 already.
+// a (sequence, key split) with all its KV heads; its keys are taken in chunks of 64 (a chunk's K and V rows
+// stay in L1/L2), and within a chunk head by head: scores, online softmax, values.
+// - Scores, four keys at a time against a KV head's G query rows in sets of four (G = 1 and 2 are padded to
+//   four rows). G >= 4: each key is cut into quarters of four dims, each quarter broadcast to the four
+//   128-bit lanes and multiplied into a vector holding the same quarter of four query rows; reduce_quads
+//   finishes the sixteen dot products of four rows x four keys with six in-lane operations. G < 4: each
+//   key's row dot products are summed across lanes by reduce4 (the broadcast form would spend three
+//   quarters of its multiplies on padding rows).
+// - Scores are kept as [key group][row set][row][key within group]: the softmax works on whole vectors and
+//   keeps each row's running max and sum as vectors (a row is one 128-bit lane), so nothing is reduced to
+//   a scalar before the item ends.
+// - Values: four keys per step with each row's weight broadcast into its dims; the accumulators of a tile
+//   of dims stay in registers for the whole chunk (a tile is as wide as 16 registers allow).
+// kDot allows the bf16 dot-product path (bf16 and fp8 caches): scores by vdpbf16ps on bf16 pairs of dims,
+// values by vdpbf16ps on pairs of keys (two V rows interleaved by one unpack, so the accumulators hold the
+// dims in a permuted order that store() undoes). It rounds queries and weights to bf16, so it is taken
+// only when the caller's queries were bf16 already.
 template <int kDim, int kGroup, typename T, bool kDot>
 class DecodeRunner {
     static constexpr int kVecs = kDim / 16;
     static constexpr int kQuads = kDim / 4;
     static constexpr int kRows = kGroup < 4 ? 4 : kGroup;
     static constexpr int kRowSets = kRows / 4;
-    static constexpr int kChunk = 64;  // keys per online-softmax step: a chunk's K and V rows stay in L1/L2
+    static constexpr int kChunk = 64;
     static constexpr int kKeyGroups = kChunk / 4;
+    static constexpr int kTileVecs = kGroup * kVecs <= 16 ? kVecs : (16 / kGroup > 0 ? 16 / kGroup : 1);
 #ifdef KVT_DOT_BF16
     static constexpr bool kDotBf16 = kDot && (std::is_same_v<T, Bf16> || std::is_same_v<T, Fp8>) && kGroup >= 4;
 #else
     static constexpr bool kDotBf16 = false;
 #endif
+    static constexpr int kWords = kDim / 32;  // bf16 path: 32-dim pieces of a V row, two accumulators each
+    static constexpr int kTileWords = kWords * kGroup * 2 <= 16 ? kWords : (8 / kGroup > 0 ? 8 / kGroup : 1);
 
   public:
     explicit DecodeRunner(const KvtParams& p)
         : p_(p),
           heads_(p.num_kv_heads),
           q_(static_cast<size_t>(heads_) * kRowSets * kQuads * 16),
+          q_rows_(kGroup < 4 ? static_cast<size_t>(heads_) * 4 * kDim : 0),
           acc_(static_cast<size_t>(heads_) * kGroup * kDim),
           scores_(static_cast<size_t>(heads_) * kKeyGroups * kRowSets * 16),
           widened_(static_cast<size_t>(4) * kDim),
-          max_(static_cast<size_t>(heads_) * kGroup),
-          sum_(static_cast<size_t>(heads_) * kGroup),
+          max_(static_cast<size_t>(heads_) * kRowSets * 16),
+          sum_(max_.size()),
+          rescale_(max_.size()),
           q16_(kDotBf16 ? static_cast<size_t>(heads_) * kRowSets * kDim * 4 : 0),
           p16_(kDotBf16 ? scores_.size() : 0) {}
 
@@ -572,18 +608,16 @@ class DecodeRunner {
         std::fill(acc_.begin(), acc_.end(), 0.0f);
         std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
         std::fill(sum_.begin(), sum_.end(), 0.0f);
-        const int32_t* table = p_.block_tables + item.seq * p_.block_table_stride;
-        const T* k_base = static_cast<const T*>(p_.cache);
-        const T* v_base = k_base + p_.stride_kv;
         if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
-            Prefetcher<T> ahead(p_, table, k_base, lo, hi);
-            ahead.up_to(lo + KVT_PREFETCH_KEYS);
+            key_rows(p_, p_.block_tables + item.seq * p_.block_table_stride, lo, hi, rows_);
+            PrefetchStream<T, kChunk> ahead(p_, rows_.data(), hi - lo);
             for (int chunk = lo; chunk < hi; chunk += kChunk) {
                 const int n = std::min(kChunk, hi - chunk);
+                const T* const* keys = rows_.data() + (chunk - lo);
                 for (int h = 0; h < heads_; ++h) {
-                    scores(h, RowCursor<T>(p_, table, k_base + h * p_.stride_head, chunk), n, h == 0 ? &ahead : nullptr);
+                    scores(h, keys, n, ahead);
                     softmax(h, n);
-                    values(h, RowCursor<T>(p_, table, v_base + h * p_.stride_head, chunk), n);
+                    values(h, keys, n, ahead);
                 }
             }
         }
@@ -593,11 +627,14 @@ class DecodeRunner {
   private:
     const KvtParams& p_;
     const int heads_;
-    std::vector<float> q_, acc_, scores_, widened_, max_, sum_;
+    std::vector<const T*> rows_;
+    std::vector<float> q_, q_rows_, acc_, scores_, widened_, max_, sum_, rescale_;
     std::vector<uint16_t> q16_, p16_;
 
     // Query row set s of head h, quarter j: lane 4r + i holds dim 4j + i of row 4s + r (zero for padding).
     float* query(int h, int s, int j) { return q_.data() + ((static_cast<size_t>(h) * kRowSets + s) * kQuads + j) * 16; }
+    // G < 4: head h's four (padded) query rows, row-major.
+    float* query_rows(int h) { return q_rows_.data() + static_cast<size_t>(h) * 4 * kDim; }
     // The same rows for the bf16 path, in bf16: lane 8r + i of quarter j holds dim 8j + i of row 4s + r.
     uint16_t* query_bf16(int h, int s, int j) {
         return q16_.data() + ((static_cast<size_t>(h) * kRowSets + s) * (kDim / 8) + j) * 32;
@@ -606,6 +643,8 @@ class DecodeRunner {
     float* score(int h, int key_group, int s) {
         return scores_.data() + ((static_cast<size_t>(h) * kKeyGroups + key_group) * kRowSets + s) * 16;
     }
+    // Per-row running state of head h's row set s, one row per 128-bit lane (all four lanes equal for max).
+    float* state(std::vector<float>& of, int h, int s) { return of.data() + (static_cast<size_t>(h) * kRowSets + s) * 16; }
 
     // Rearranges the token's query rows into the quarter layouts (16-byte copies: this runs once per item,
     // and an element-wise loop here cost more than the keys of a short sequence).
@@ -617,6 +656,7 @@ class DecodeRunner {
                 const float* src = p_.q + (static_cast<int64_t>(token) * p_.num_q_heads + h * kGroup + row) * kDim;
                 for (int v = 0; v < kVecs; ++v) store16(scaled + 16 * v, row < kGroup ? load16(src + 16 * v) * q_scale : v16{});
                 for (int j = 0; j < kQuads; ++j) std::memcpy(query(h, row / 4, j) + (row % 4) * 4, scaled + 4 * j, 4 * sizeof(float));
+                if constexpr (kGroup < 4) std::memcpy(query_rows(h) + row * kDim, scaled, sizeof(scaled));
                 if constexpr (kDotBf16) load_query_bf16(h, row, row < kGroup ? src : nullptr);
             }
         }
@@ -633,22 +673,31 @@ class DecodeRunner {
         }
     }
 
-    // Scores of head h's rows against the chunk's n keys; the first head's pass also drives the prefetcher.
-    void scores(int h, RowCursor<T> keys, int n, Prefetcher<T>* ahead) {
-        const int chunk = keys.position();
+    // Scores of head h's rows against the chunk's n keys.
+    void scores(int h, const T* const* keys, int n, PrefetchStream<T, kChunk>& ahead) {
+        const int64_t head = h * p_.stride_head;
+        // The query quarters, read once (in the loop they would be re-read after every score store: both
+        // are floats, so the compiler must assume the stores may change them).
+        v16 quarters[kGroup >= 4 ? kRowSets : 1][kDotBf16 ? kDim / 8 : kQuads];
+        if constexpr (kGroup >= 4) {
+            for (int s = 0; s < kRowSets; ++s) {
+                for (int j = 0; j < (kDotBf16 ? kDim / 8 : kQuads); ++j) {
+                    quarters[s][j] = kDotBf16 ? load_vector<v16>(query_bf16(h, s, j)) : load16(query(h, s, j));
+                }
+            }
+        }
         for (int group = 0; group * 4 < n; ++group) {
+            ahead.step();
             const int count = std::min(4, n - group * 4);
-            if (ahead != nullptr) ahead->up_to(chunk + group * 4 + KVT_PREFETCH_KEYS);
             const T* raw[4];
-            for (int i = 0; i < count; ++i, keys.advance()) raw[i] = keys.row();
-            for (int i = count; i < 4; ++i) raw[i] = raw[0];  // padding keys: masked below
+            for (int i = 0; i < 4; ++i) raw[i] = keys[4 * group + i] + head;  // padding keys are masked below
             v16 sets[kRowSets];
             if constexpr (kDotBf16) {
-                for (int s = 0; s < kRowSets; ++s) sets[s] = bf16_quad_scores(h, s, raw);
+                for (int s = 0; s < kRowSets; ++s) sets[s] = bf16_quad_scores(quarters[s], raw);
             } else {
                 const float* k[4];
                 for (int i = 0; i < 4; ++i) k[i] = i < count ? as_float(raw[i], i) : k[0];
-                for (int s = 0; s < kRowSets; ++s) sets[s] = kGroup >= 4 ? quad_scores(h, s, k) : lane_scores(h, k);
+                for (int s = 0; s < kRowSets; ++s) sets[s] = kGroup >= 4 ? quad_scores(quarters[s], k) : lane_scores(h, k);
             }
             for (int s = 0; s < kRowSets; ++s) {
                 v16 four = sets[s];
@@ -661,20 +710,19 @@ class DecodeRunner {
     }
 
 #ifdef KVT_DOT_BF16
-    // bf16 keys straight from the cache: eight dims (four bf16 pairs) broadcast to each 128-bit lane, and
-    // vdpbf16ps sums each pair's products into the lane, so lane 4r + i ends up holding row r's sum over
-    // dims 2i and 2i + 1 (mod 8), the layout reduce_quads finishes. Half the multiply instructions of the
-    // float path and no widening; the query is rounded to bf16 (exact when the model runs in bf16).
-    // Dims [16i, 16i + 16) of a cache row as 16 bf16 words: loaded for a bf16 cache, widened for fp8.
-    ALWAYS_INLINE __m256i bf16_words16(const T* row, int i) {
+    // 32 dims of a cache row as 32 bf16 words: loaded for a bf16 cache, widened for fp8.
+    ALWAYS_INLINE __m512i bf16_words(const T* row) {
         if constexpr (std::is_same_v<T, Fp8>) {
-            return _mm512_castsi512_si256(fp8_to_bf16_16(row + 16 * i));
+            return fp8_to_bf16(row);
         } else {
-            return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * i));
+            return _mm512_loadu_si512(row);
         }
     }
 
-    ALWAYS_INLINE v16 bf16_quad_scores(int h, int s, const T* const* k) {
+    // bf16 keys: eight dims (four bf16 pairs) broadcast to each 128-bit lane, and vdpbf16ps sums each pair's
+    // products into the lane, so lane 4r + i ends up holding row r's sum over dims 2i and 2i + 1 (mod 8), the
+    // layout reduce_quads finishes. Half the multiply instructions of the float path.
+    ALWAYS_INLINE v16 bf16_quad_scores(const v16* q, const T* const* k) {
         __m512 dot[4];
         for (int i = 0; i < 4; ++i) dot[i] = _mm512_setzero_ps();
         if constexpr (std::is_same_v<T, Fp8>) {
@@ -683,13 +731,13 @@ class DecodeRunner {
                 __m512i words[4];
                 for (int i = 0; i < 4; ++i) words[i] = fp8_to_bf16(k[i] + 32 * c);
                 for (int lane = 0; lane < 4; ++lane) {
-                    const __m512bh quarter = (__m512bh)_mm512_loadu_si512(query_bf16(h, s, 4 * c + lane));
+                    const __m512bh quarter = (__m512bh)q[4 * c + lane];
                     for (int i = 0; i < 4; ++i) dot[i] = _mm512_dpbf16_ps(dot[i], quarter, (__m512bh)broadcast_lane(words[i], lane));
                 }
             }
         } else {
             for (int j = 0; j < kDim / 8; ++j) {
-                const __m512bh quarter = (__m512bh)_mm512_loadu_si512(query_bf16(h, s, j));
+                const __m512bh quarter = (__m512bh)q[j];
                 for (int i = 0; i < 4; ++i) {
                     const __m512i keys = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[i] + 8 * j)));
                     dot[i] = _mm512_dpbf16_ps(dot[i], quarter, (__m512bh)keys);
@@ -699,34 +747,27 @@ class DecodeRunner {
         return reduce_quads((v16)dot[0], (v16)dot[1], (v16)dot[2], (v16)dot[3]) * (p_.scale * p_.k_scale);
     }
 #else
-    v16 bf16_quad_scores(int, int, const T* const*) { return v16{}; }
+    v16 bf16_quad_scores(const v16*, const T* const*) { return v16{}; }
 #endif
 
-    ALWAYS_INLINE v16 quad_scores(int h, int s, const float* const* k) {
+    ALWAYS_INLINE v16 quad_scores(const v16* q, const float* const* k) {
         v16 dot[4];
-        const float* q = query(h, s, 0);
-        for (int i = 0; i < 4; ++i) dot[i] = load16(q) * broadcast4(k[i]);
+        for (int i = 0; i < 4; ++i) dot[i] = q[0] * broadcast4(k[i]);
         for (int j = 1; j < kQuads; ++j) {
-            const v16 quarter = load16(q + 16 * j);
-            for (int i = 0; i < 4; ++i) dot[i] += quarter * broadcast4(k[i] + 4 * j);
+            for (int i = 0; i < 4; ++i) dot[i] += q[j] * broadcast4(k[i] + 4 * j);
         }
         return reduce_quads(dot[0], dot[1], dot[2], dot[3]);
     }
 
-    // G < 4 (one row set): row r's query is rebuilt from its quarters once per call; each key's four row
-    // dot products are summed across lanes together.
+    // G < 4 (one row set): each key's four row dot products are summed across lanes together.
     ALWAYS_INLINE v16 lane_scores(int h, const float* const* k) {
-        alignas(64) float rows[4][kDim];
-        for (int j = 0; j < kQuads; ++j) {
-            const float* quarter = query(h, 0, j);
-            for (int r = 0; r < 4; ++r) std::memcpy(&rows[r][4 * j], quarter + 4 * r, 4 * sizeof(float));
-        }
+        const float* rows = query_rows(h);
         v16 out{};
         for (int i = 0; i < 4; ++i) {
             v16 dot[4];
             for (int r = 0; r < 4; ++r) {
-                dot[r] = load16(rows[r]) * load16(k[i]);
-                for (int v = 1; v < kVecs; ++v) dot[r] += load16(rows[r] + 16 * v) * load16(k[i] + 16 * v);
+                dot[r] = load16(rows + r * kDim) * load16(k[i]);
+                for (int v = 1; v < kVecs; ++v) dot[r] += load16(rows + r * kDim + 16 * v) * load16(k[i] + 16 * v);
             }
             const v16 four = reduce4(dot[0], dot[1], dot[2], dot[3]);
             for (int r = 0; r < 4; ++r) out[4 * r + i] = four[r];
@@ -734,68 +775,70 @@ class DecodeRunner {
         return out;
     }
 
+    // Online softmax over the chunk: every row's lanes move to the new running max, the chunk's scores
+    // become weights, and the factor that rescales the row's earlier sum and values is kept for values().
     void softmax(int h, int n) {
         const int groups = (n + 3) / 4;
         for (int s = 0; s < kRowSets; ++s) {
-            v16 top16 = splat(-std::numeric_limits<float>::infinity());
+            v16 top = splat(-std::numeric_limits<float>::infinity());
             for (int group = 0; group < groups; ++group) {
                 const v16 x = load16(score(h, group, s));
-                top16 = x > top16 ? x : top16;
+                top = x > top ? x : top;
             }
-            float rescale[4];
-            v16 shift{};
-            for (int r = 0; r < 4; ++r) {
-                const int g = 4 * s + r;
-                const float best = std::max(std::max(top16[4 * r], top16[4 * r + 1]), std::max(top16[4 * r + 2], top16[4 * r + 3]));
-                const float old = g < kGroup ? max_[h * kGroup + g] : best;
-                const float updated = std::max(old, best);
-                rescale[r] = fast_exp(old - updated);
-                if (g < kGroup) max_[h * kGroup + g] = updated;
-                for (int i = 0; i < 4; ++i) shift[4 * r + i] = updated;
-            }
+            const v16 old = load16(state(max_, h, s));
+            v16 updated = max_within_quads(top);
+            updated = old > updated ? old : updated;
+            const v16 rescale = fast_exp16(old - updated);  // an empty history (-inf) rescales to 0
+            store16(state(max_, h, s), updated);
+            store16(state(rescale_, h, s), rescale);
             v16 total{};
             for (int group = 0; group < groups; ++group) {
                 float* flat = score(h, group, s);
-                const v16 e = fast_exp16(load16(flat) - shift);
+                const v16 e = fast_exp16(load16(flat) - updated);
                 store16(flat, e);
                 if constexpr (kDotBf16) store_bf16(h, group, s, e);
                 total += e;
             }
-            for (int r = 0; r < 4 && 4 * s + r < kGroup; ++r) {
-                const int g = 4 * s + r;
-                sum_[h * kGroup + g] = sum_[h * kGroup + g] * rescale[r] + (total[4 * r] + total[4 * r + 1]) +
-                                       (total[4 * r + 2] + total[4 * r + 3]);
-                float* acc = accumulator(h, g);
-                for (int d = 0; d < kDim; ++d) acc[d] *= rescale[r];
-            }
+            store16(state(sum_, h, s), load16(state(sum_, h, s)) * rescale + total);
         }
     }
 
-    void values(int h, RowCursor<T> rows, int n) {
-        v16 acc[kGroup][kVecs];
-        for (int g = 0; g < kGroup; ++g) {
-            for (int j = 0; j < kVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * j);
-        }
+    // Row g's factor from softmax(), broadcast.
+    ALWAYS_INLINE v16 row_rescale(int h, int g) { return splat(state(rescale_, h, g / 4)[4 * (g % 4)]); }
+
+    // The first tile's pass over the keys steps the prefetcher (once per four keys, as the reads go).
+    void values(int h, const T* const* keys, int n, PrefetchStream<T, kChunk>& ahead) {
+        const int64_t offset = p_.stride_kv + h * p_.stride_head;
         if constexpr (kDotBf16) {
-            bf16_values(h, rows, n, acc);
+            for (int word = 0; word < kWords; word += kTileWords) bf16_values(h, keys, n, offset, word, ahead, word == 0);
         } else {
-            float_values(h, rows, n, acc);
-        }
-        for (int g = 0; g < kGroup; ++g) {
-            for (int j = 0; j < kVecs; ++j) store16(accumulator(h, g) + 16 * j, acc[g][j]);
+            for (int vec = 0; vec < kVecs; vec += kTileVecs) float_values(h, keys, n, offset, vec, ahead, vec == 0);
         }
     }
 
-    ALWAYS_INLINE void float_values(int h, RowCursor<T>& rows, int n, v16 (&acc)[kGroup][kVecs]) {
-        for (int index = 0; index < n; ++index, rows.advance()) {
-            const T* row = rows.row();
-            v16 value[kVecs];
-            for (int i = 0; i < kVecs; ++i) value[i] = load16(row + 16 * i);
-            const float* weights = score(h, index / 4, 0) + index % 4;
-            for (int g = 0; g < kGroup; ++g) {
-                const float weight = weights[(g / 4) * 16 + (g % 4) * 4];
-                for (int i = 0; i < kVecs; ++i) acc[g][i] += weight * value[i];
+    // Dims [16 vec, 16 (vec + kTileVecs)) of every row; padding keys of the last group carry weight 0.
+    ALWAYS_INLINE void float_values(int h, const T* const* keys, int n, int64_t offset, int vec,
+                                    PrefetchStream<T, kChunk>& ahead, bool stepping) {
+        v16 acc[kGroup][kTileVecs];
+        for (int g = 0; g < kGroup; ++g) {
+            const v16 rescale = row_rescale(h, g);
+            for (int j = 0; j < kTileVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * (vec + j)) * rescale;
+        }
+        for (int group = 0; group * 4 < n; ++group) {
+            if (stepping) ahead.step();
+            const float* weights = score(h, group, 0);
+            for (int i = 0; i < 4; ++i) {
+                const T* row = keys[4 * group + i] + offset + 16 * vec;
+                v16 value[kTileVecs];
+                for (int j = 0; j < kTileVecs; ++j) value[j] = load16(row + 16 * j);
+                for (int g = 0; g < kGroup; ++g) {
+                    const v16 weight = splat(weights[(g / 4) * 16 + (g % 4) * 4 + i]);
+                    for (int j = 0; j < kTileVecs; ++j) acc[g][j] += weight * value[j];
+                }
             }
+        }
+        for (int g = 0; g < kGroup; ++g) {
+            for (int j = 0; j < kTileVecs; ++j) store16(accumulator(h, g) + 16 * (vec + j), acc[g][j]);
         }
     }
 
@@ -819,48 +862,67 @@ class DecodeRunner {
                             (__m256i)_mm512_cvtneps_pbh((__m512)weights));
     }
 
-    // Two keys at a time: their V rows interleaved into (key t, key t + 1) bf16 pairs per dim, and each
-    // row's two weights as one bf16 pair, so one vdpbf16ps adds both keys' contributions to 16 dims.
-    ALWAYS_INLINE void bf16_values(int h, RowCursor<T>& rows, int n, v16 (&acc)[kGroup][kVecs]) {
+    // Two keys at a time: one unpack pair interleaves their V rows into (key t, key t + 1) bf16 pairs, and
+    // each row's two weights make one bf16 pair, so one vdpbf16ps adds both keys' contributions to 16 dims.
+    // Unpacking works within 128-bit lanes, so of 32 dims [32w, 32w + 32) the low accumulator holds dims
+    // 8l + m and the high one 8l + 4 + m in lane 4l + m; store() puts them back in order.
+    ALWAYS_INLINE void bf16_values(int h, const T* const* keys, int n, int64_t offset, int word,
+                                   PrefetchStream<T, kChunk>& ahead, bool stepping) {
+        v16 acc[kGroup][2 * kTileWords];
+        for (int g = 0; g < kGroup; ++g) {
+            const v16 rescale = row_rescale(h, g);
+            for (int j = 0; j < 2 * kTileWords; ++j) acc[g][j] = load16(accumulator(h, g) + 32 * word + 16 * j) * rescale;
+        }
         for (int index = 0; index < n; index += 2) {
-            const T* first = rows.row();
-            rows.advance();
-            const T* second = first;  // an odd tail pairs the key with itself under a zero weight
-            if (index + 1 < n) {
-                second = rows.row();
-                rows.advance();
-            }
-            __m512bh pairs[kVecs];
-            for (int i = 0; i < kVecs; ++i) {
-                const __m512i low = _mm512_cvtepu16_epi32(bf16_words16(first, i));
-                const __m512i high = _mm512_cvtepu16_epi32(bf16_words16(second, i));
-                pairs[i] = (__m512bh)_mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+            if (stepping && index % 4 == 0) ahead.step();
+            const T* first = keys[index] + offset + 32 * word;
+            const T* second = keys[index + 1] + offset + 32 * word;  // past an odd tail: padding, weight 0
+            __m512bh low[kTileWords], high[kTileWords];
+            for (int j = 0; j < kTileWords; ++j) {
+                const __m512i a = bf16_words(first + 32 * j), b = bf16_words(second + 32 * j);
+                low[j] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+                high[j] = (__m512bh)_mm512_unpackhi_epi16(a, b);
             }
             const uint16_t* weights = weights_bf16(h, index / 4, 0) + index % 4;
             for (int g = 0; g < kGroup; ++g) {
                 uint32_t pair;
                 std::memcpy(&pair, weights + (g / 4) * 16 + (g % 4) * 4, sizeof(pair));
                 const __m512bh weight = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-                for (int i = 0; i < kVecs; ++i) acc[g][i] = (v16)_mm512_dpbf16_ps((__m512)acc[g][i], weight, pairs[i]);
+                for (int j = 0; j < kTileWords; ++j) {
+                    acc[g][2 * j] = (v16)_mm512_dpbf16_ps((__m512)acc[g][2 * j], low[j], weight);
+                    acc[g][2 * j + 1] = (v16)_mm512_dpbf16_ps((__m512)acc[g][2 * j + 1], high[j], weight);
+                }
             }
+        }
+        for (int g = 0; g < kGroup; ++g) {
+            for (int j = 0; j < 2 * kTileWords; ++j) store16(accumulator(h, g) + 32 * word + 16 * j, acc[g][j]);
         }
     }
 #else
     void load_query_bf16(int, int, const float*) {}
     void store_bf16(int, int, int, v16) {}
-    void bf16_values(int, RowCursor<T>&, int, v16 (&)[kGroup][kVecs]) {}
+    void bf16_values(int, const T* const*, int, int64_t, int, PrefetchStream<T, kChunk>&, bool) {}
 #endif
+
+    // Dim d of a row's accumulator: in order, except on the bf16 path (see bf16_values).
+    static int accumulated_at(int d) {
+        if constexpr (!kDotBf16) return d;
+        const int piece = d / 32, within = d % 32;
+        const int lane = within / 8, half = (within % 8) / 4, m = within % 4;
+        return 32 * piece + 16 * half + 4 * lane + m;
+    }
 
     void store(const Item& item, int token) {
         for (int h = 0; h < heads_; ++h) {
             for (int g = 0; g < kGroup; ++g) {
                 const int q_head = h * kGroup + g;
                 const int64_t slot = (static_cast<int64_t>(item.split) * p_.num_tokens + token) * p_.num_q_heads + q_head;
-                const float total = sum_[h * kGroup + g];
+                const float* sums = state(sum_, h, g / 4) + 4 * (g % 4);
+                const float total = (sums[0] + sums[1]) + (sums[2] + sums[3]);
                 const float factor = total > 0.0f ? p_.v_scale / total : 0.0f;
                 const float* acc = accumulator(h, g);
-                for (int d = 0; d < kDim; ++d) p_.out[slot * kDim + d] = acc[d] * factor;
-                p_.lse[slot] = total > 0.0f ? max_[h * kGroup + g] + std::log(total)
+                for (int d = 0; d < kDim; ++d) p_.out[slot * kDim + d] = acc[accumulated_at(d)] * factor;
+                p_.lse[slot] = total > 0.0f ? state(max_, h, g / 4)[4 * (g % 4)] + std::log(total)
                                             : -std::numeric_limits<float>::infinity();
             }
         }
@@ -921,32 +983,39 @@ void dispatch_dim(const KvtParams& p, const std::vector<Item>& items) {
     }
 }
 
-// Reads every K and V byte a decode step over this batch would read, in the same order, with the same
-// prefetching and threads, and no arithmetic but an xor: what the cache layout and the memory system allow
-// a paged decode kernel at best. `kvtune bench kernels` sets the kernel beside it.
+// Reads every K and V byte a decode step over this batch would read, in the same order (chunk by chunk, a
+// head's K rows then its V rows), with the same prefetching and threads, and no arithmetic but an xor: what
+// the cache layout and the memory system allow a paged decode kernel at best. `kvtune bench kernels` sets
+// the kernel beside it.
 template <typename T>
 uint64_t read_blocks(const KvtParams& p) {
+    constexpr int kChunk = 64;
     std::vector<int> order(p.num_seqs);
     for (int seq = 0; seq < p.num_seqs; ++seq) order[seq] = seq;
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.seq_lens[a] > p.seq_lens[b]; });
-    const int64_t row_bytes = static_cast<int64_t>((p.num_kv_heads - 1) * p.stride_head + p.head_dim) * sizeof(T);
+    const int64_t head_bytes = static_cast<int64_t>(p.head_dim) * sizeof(T);
     using v4i = uint32_t __attribute__((vector_size(16)));
     uint64_t checksum = 0;
 #pragma omp parallel num_threads(p.num_threads) reduction(^ : checksum)
     {
         v4i folded{};
+        std::vector<const T*> rows;
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < p.num_seqs; ++i) {
-            const int seq = order[i];
-            const int32_t* table = p.block_tables + seq * p.block_table_stride;
-            const T* k_base = static_cast<const T*>(p.cache);
-            Prefetcher<T> ahead(p, table, k_base, 0, p.seq_lens[seq]);
-            RowCursor<T> rows(p, table, k_base, 0);
-            for (int t = 0; t < p.seq_lens[seq]; ++t, rows.advance()) {
-                ahead.up_to(t + KVT_PREFETCH_KEYS);
-                for (int kv = 0; kv < 2; ++kv) {
-                    const char* bytes = reinterpret_cast<const char*>(rows.row() + kv * p.stride_kv);
-                    for (int64_t b = 0; b + 16 <= row_bytes; b += 16) folded ^= load_vector<v4i>(bytes + b);
+            const int seq = order[i], len = p.seq_lens[seq];
+            if (len == 0) continue;
+            key_rows(p, p.block_tables + seq * p.block_table_stride, 0, len, rows);
+            PrefetchStream<T, kChunk> ahead(p, rows.data(), len);
+            for (int chunk = 0; chunk < len; chunk += kChunk) {
+                const int n = std::min(kChunk, len - chunk);
+                for (int h = 0; h < p.num_kv_heads; ++h) {
+                    for (int64_t kv = 0; kv < 2; ++kv) {
+                        for (int t = chunk; t < chunk + n; ++t) {
+                            if ((t - chunk) % 4 == 0) ahead.step();
+                            const char* bytes = reinterpret_cast<const char*>(rows[t] + kv * p.stride_kv + h * p.stride_head);
+                            for (int64_t b = 0; b + 16 <= head_bytes; b += 16) folded ^= load_vector<v4i>(bytes + b);
+                        }
+                    }
                 }
             }
         }
