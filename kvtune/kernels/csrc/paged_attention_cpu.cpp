@@ -493,29 +493,37 @@ void key_rows(const KvtParams& p, const int32_t* table, int lo, int hi, std::vec
     rows.resize(static_cast<size_t>(hi - lo + 3) / 4 * 4, rows.back());  // padding keys: a real row, masked
 }
 
-// Prefetches, a fixed number of steps ahead, exactly what a decode item will read. Its reads come in steps
-// of four keys' rows of one KV head, K or V: chunk by chunk, then head by head, K before V; each step()
-// issues the lines of the step `distance` steps on. Blocks sit at random places in the pool, so the
-// hardware prefetcher cannot run ahead across a block boundary; asking for lines at the rate they are
-// consumed keeps the core's miss buffers busy without overflowing them (a whole block at a time did:
-// measured, the same time for bf16 as for fp32, i.e. latency-bound; and prefetching a key's rows for every
-// head at once ran in bursts, 20% slower).
+// Prefetches, a fixed distance ahead, exactly what a decode item will read. Its reads come in steps of
+// kStepKeys keys' rows of one KV head, K or V: chunk by chunk, then head by head, K before V; each step()
+// issues the lines of the step that lies KVT_PREFETCH_BYTES further on. Blocks sit at random places in the
+// pool, so the hardware prefetcher cannot run ahead across a block boundary; asking for lines at the rate
+// they are consumed keeps the core's miss buffers busy without overflowing them (a whole block at a time
+// did: measured, the same time for bf16 as for fp32, i.e. latency-bound; and prefetching a key's rows for
+// every head at once ran in bursts, 20% slower).
 template <typename T, int kChunk>
 class PrefetchStream {
   public:
+    static constexpr int kStepKeys = 16;
+
     // `keys` as from key_rows: `count` keys, padded to whole groups of four.
     PrefetchStream(const KvtParams& p, const T* const* keys, int count)
         : keys_(keys), count_(count), heads_(p.num_kv_heads), stride_kv_(p.stride_kv), stride_head_(p.stride_head),
-          bytes_(static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T))) {
-        const int64_t distance = std::max<int64_t>(1, KVT_PREFETCH_BYTES / (4 * bytes_));
-        for (int64_t i = 0; i < distance; ++i) step();
+          lines_((static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T)) + 63) / 64) {
+        const int64_t distance = KVT_PREFETCH_BYTES / (kStepKeys * 64 * lines_);
+        for (int64_t i = 0; i < std::max<int64_t>(1, distance); ++i) step();
     }
 
-    ALWAYS_INLINE void step() {
+    void step() {
         if (chunk_ >= count_) return;
         const int64_t offset = kv_ * stride_kv_ + head_ * stride_head_;
-        for (int i = 0; i < 4; ++i) lines(keys_[chunk_ + key_ + i] + offset);
-        if ((key_ += 4) < std::min(kChunk, count_ - chunk_)) return;
+        const int end = std::min(key_ + kStepKeys, std::min(kChunk, count_ - chunk_));
+        // A row's lines from its start: a row that does not start on a line loses at most its last partial
+        // line to the demand load.
+        for (int key = key_; key < end; ++key) {
+            const char* row = reinterpret_cast<const char*>(keys_[chunk_ + key] + offset);
+            for (int64_t line = 0; line < lines_; ++line) __builtin_prefetch(row + 64 * line, 0, 2);  // to L2
+        }
+        if ((key_ = end) < std::min(kChunk, count_ - chunk_)) return;
         key_ = 0;
         if (++kv_ < 2) return;
         kv_ = 0;
@@ -527,15 +535,8 @@ class PrefetchStream {
   private:
     const T* const* keys_;
     const int count_, heads_;
-    const int64_t stride_kv_, stride_head_, bytes_;
+    const int64_t stride_kv_, stride_head_, lines_;
     int chunk_ = 0, head_ = 0, kv_ = 0, key_ = 0;
-
-    ALWAYS_INLINE void lines(const T* row) const {
-        const uintptr_t end = reinterpret_cast<uintptr_t>(row) + bytes_;
-        for (uintptr_t line = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63}; line < end; line += 64) {
-            __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);  // to L2: to L1 measured 1.5-2x slower
-        }
-    }
 };
 
 // Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
@@ -687,7 +688,7 @@ class DecodeRunner {
             }
         }
         for (int group = 0; group * 4 < n; ++group) {
-            ahead.step();
+            if (group % (PrefetchStream<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
             const int count = std::min(4, n - group * 4);
             const T* raw[4];
             for (int i = 0; i < 4; ++i) raw[i] = keys[4 * group + i] + head;  // padding keys are masked below
@@ -825,7 +826,7 @@ class DecodeRunner {
             for (int j = 0; j < kTileVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * (vec + j)) * rescale;
         }
         for (int group = 0; group * 4 < n; ++group) {
-            if (stepping) ahead.step();
+            if (stepping && group % (PrefetchStream<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
             const float* weights = score(h, group, 0);
             for (int i = 0; i < 4; ++i) {
                 const T* row = keys[4 * group + i] + offset + 16 * vec;
@@ -874,7 +875,7 @@ class DecodeRunner {
             for (int j = 0; j < 2 * kTileWords; ++j) acc[g][j] = load16(accumulator(h, g) + 32 * word + 16 * j) * rescale;
         }
         for (int index = 0; index < n; index += 2) {
-            if (stepping && index % 4 == 0) ahead.step();
+            if (stepping && index % PrefetchStream<T, kChunk>::kStepKeys == 0) ahead.step();
             const T* first = keys[index] + offset + 32 * word;
             const T* second = keys[index + 1] + offset + 32 * word;  // past an odd tail: padding, weight 0
             __m512bh low[kTileWords], high[kTileWords];
@@ -1011,7 +1012,7 @@ uint64_t read_blocks(const KvtParams& p) {
                 for (int h = 0; h < p.num_kv_heads; ++h) {
                     for (int64_t kv = 0; kv < 2; ++kv) {
                         for (int t = chunk; t < chunk + n; ++t) {
-                            if ((t - chunk) % 4 == 0) ahead.step();
+                            if ((t - chunk) % PrefetchStream<T, kChunk>::kStepKeys == 0) ahead.step();
                             const char* bytes = reinterpret_cast<const char*>(rows[t] + kv * p.stride_kv + h * p.stride_head);
                             for (int64_t b = 0; b + 16 <= head_bytes; b += 16) folded ^= load_vector<v4i>(bytes + b);
                         }
