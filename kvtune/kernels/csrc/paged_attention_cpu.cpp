@@ -31,10 +31,15 @@
 // The vector helpers must inline: an out-of-line call spills every live vector register around it.
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
-// How far ahead of its reads the decode runner prefetches, in bytes of K/V (see PrefetchStream). Measured on
-// the 2-core EPYC with 2 MiB pages: 8-32 KiB within 5% of each other, 4 KiB and 64 KiB 10-20% slower.
+// How far ahead of its reads the decode runner prefetches, in bytes of K/V (see PrefetchStream), into L2 and
+// (float32 caches) into L1. Measured on the 2-core EPYC with 2 MiB pages: to L2, 8-32 KiB within 5% of each
+// other, 4 KiB and 64 KiB 10-20% slower; a second stream 2 KiB ahead into L1 made fp32 18% faster (1.37 ->
+// 1.11 ms per layer) and bf16 7% slower, so it is used for float32 caches only.
 #ifndef KVT_PREFETCH_BYTES
 #define KVT_PREFETCH_BYTES 16384
+#endif
+#ifndef KVT_PREFETCH_L1_BYTES
+#define KVT_PREFETCH_L1_BYTES 2048
 #endif
 
 namespace {
@@ -495,22 +500,22 @@ void key_rows(const KvtParams& p, const int32_t* table, int lo, int hi, std::vec
 
 // Prefetches, a fixed distance ahead, exactly what a decode item will read. Its reads come in steps of
 // kStepKeys keys' rows of one KV head, K or V: chunk by chunk, then head by head, K before V; each step()
-// issues the lines of the step that lies KVT_PREFETCH_BYTES further on. Blocks sit at random places in the
+// issues the lines of the step that lies `bytes_ahead` further on, into L2 (kLevel 2) or L1 (kLevel 3). Blocks sit at random places in the
 // pool, so the hardware prefetcher cannot run ahead across a block boundary; asking for lines at the rate
 // they are consumed keeps the core's miss buffers busy without overflowing them (a whole block at a time
 // did: measured, the same time for bf16 as for fp32, i.e. latency-bound; and prefetching a key's rows for
 // every head at once ran in bursts, 20% slower).
-template <typename T, int kChunk>
+template <typename T, int kChunk, int kLevel = 2>
 class PrefetchStream {
   public:
     static constexpr int kStepKeys = 16;
 
     // `keys` as from key_rows: `count` keys, padded to whole groups of four.
-    PrefetchStream(const KvtParams& p, const T* const* keys, int count)
+    PrefetchStream(const KvtParams& p, const T* const* keys, int count, int64_t bytes_ahead)
         : keys_(keys), count_(count), heads_(p.num_kv_heads), stride_kv_(p.stride_kv), stride_head_(p.stride_head),
           lines_((static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T)) + 63) / 64) {
-        const int64_t distance = KVT_PREFETCH_BYTES / (kStepKeys * 64 * lines_);
-        for (int64_t i = 0; i < std::max<int64_t>(1, distance); ++i) step();
+        const int64_t distance = bytes_ahead / (kStepKeys * 64 * lines_);
+        for (int64_t i = 0; i < std::max<int64_t>(bytes_ahead > 0, distance); ++i) step();
     }
 
     void step() {
@@ -521,7 +526,7 @@ class PrefetchStream {
         // line to the demand load.
         for (int key = key_; key < end; ++key) {
             const char* row = reinterpret_cast<const char*>(keys_[chunk_ + key] + offset);
-            for (int64_t line = 0; line < lines_; ++line) __builtin_prefetch(row + 64 * line, 0, 2);  // to L2
+            for (int64_t line = 0; line < lines_; ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
         }
         if ((key_ = end) < std::min(kChunk, count_ - chunk_)) return;
         key_ = 0;
@@ -537,6 +542,27 @@ class PrefetchStream {
     const int count_, heads_;
     const int64_t stride_kv_, stride_head_, lines_;
     int chunk_ = 0, head_ = 0, kv_ = 0, key_ = 0;
+};
+
+// The decode runner's two prefetch streams: far into L2, and for float32 caches near into L1 (see
+// KVT_PREFETCH_L1_BYTES). step() is called once per PrefetchStream::kStepKeys keys read.
+template <typename T, int kChunk>
+class Prefetchers {
+  public:
+    static constexpr int kStepKeys = PrefetchStream<T, kChunk, 2>::kStepKeys;
+    static constexpr bool kToL1 = sizeof(T) == 4;
+
+    Prefetchers(const KvtParams& p, const T* const* keys, int count)
+        : to_l2_(p, keys, count, KVT_PREFETCH_BYTES), to_l1_(p, keys, count, kToL1 ? KVT_PREFETCH_L1_BYTES : 0) {}
+
+    ALWAYS_INLINE void step() {
+        to_l2_.step();
+        if constexpr (kToL1) to_l1_.step();
+    }
+
+  private:
+    PrefetchStream<T, kChunk, 2> to_l2_;
+    PrefetchStream<T, kChunk, 3> to_l1_;
 };
 
 // Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
@@ -611,7 +637,7 @@ class DecodeRunner {
         std::fill(sum_.begin(), sum_.end(), 0.0f);
         if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
             key_rows(p_, p_.block_tables + item.seq * p_.block_table_stride, lo, hi, rows_);
-            PrefetchStream<T, kChunk> ahead(p_, rows_.data(), hi - lo);
+            Prefetchers<T, kChunk> ahead(p_, rows_.data(), hi - lo);
             for (int chunk = lo; chunk < hi; chunk += kChunk) {
                 const int n = std::min(kChunk, hi - chunk);
                 const T* const* keys = rows_.data() + (chunk - lo);
@@ -675,7 +701,7 @@ class DecodeRunner {
     }
 
     // Scores of head h's rows against the chunk's n keys.
-    void scores(int h, const T* const* keys, int n, PrefetchStream<T, kChunk>& ahead) {
+    void scores(int h, const T* const* keys, int n, Prefetchers<T, kChunk>& ahead) {
         const int64_t head = h * p_.stride_head;
         // The query quarters, read once (in the loop they would be re-read after every score store: both
         // are floats, so the compiler must assume the stores may change them).
@@ -688,7 +714,7 @@ class DecodeRunner {
             }
         }
         for (int group = 0; group * 4 < n; ++group) {
-            if (group % (PrefetchStream<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
+            if (group % (Prefetchers<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
             const int count = std::min(4, n - group * 4);
             const T* raw[4];
             for (int i = 0; i < 4; ++i) raw[i] = keys[4 * group + i] + head;  // padding keys are masked below
@@ -808,7 +834,7 @@ class DecodeRunner {
     ALWAYS_INLINE v16 row_rescale(int h, int g) { return splat(state(rescale_, h, g / 4)[4 * (g % 4)]); }
 
     // The first tile's pass over the keys steps the prefetcher (once per four keys, as the reads go).
-    void values(int h, const T* const* keys, int n, PrefetchStream<T, kChunk>& ahead) {
+    void values(int h, const T* const* keys, int n, Prefetchers<T, kChunk>& ahead) {
         const int64_t offset = p_.stride_kv + h * p_.stride_head;
         if constexpr (kDotBf16) {
             for (int word = 0; word < kWords; word += kTileWords) bf16_values(h, keys, n, offset, word, ahead, word == 0);
@@ -819,14 +845,14 @@ class DecodeRunner {
 
     // Dims [16 vec, 16 (vec + kTileVecs)) of every row; padding keys of the last group carry weight 0.
     ALWAYS_INLINE void float_values(int h, const T* const* keys, int n, int64_t offset, int vec,
-                                    PrefetchStream<T, kChunk>& ahead, bool stepping) {
+                                    Prefetchers<T, kChunk>& ahead, bool stepping) {
         v16 acc[kGroup][kTileVecs];
         for (int g = 0; g < kGroup; ++g) {
             const v16 rescale = row_rescale(h, g);
             for (int j = 0; j < kTileVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * (vec + j)) * rescale;
         }
         for (int group = 0; group * 4 < n; ++group) {
-            if (stepping && group % (PrefetchStream<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
+            if (stepping && group % (Prefetchers<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
             const float* weights = score(h, group, 0);
             for (int i = 0; i < 4; ++i) {
                 const T* row = keys[4 * group + i] + offset + 16 * vec;
@@ -868,14 +894,14 @@ class DecodeRunner {
     // Unpacking works within 128-bit lanes, so of 32 dims [32w, 32w + 32) the low accumulator holds dims
     // 8l + m and the high one 8l + 4 + m in lane 4l + m; store() puts them back in order.
     ALWAYS_INLINE void bf16_values(int h, const T* const* keys, int n, int64_t offset, int word,
-                                   PrefetchStream<T, kChunk>& ahead, bool stepping) {
+                                   Prefetchers<T, kChunk>& ahead, bool stepping) {
         v16 acc[kGroup][2 * kTileWords];
         for (int g = 0; g < kGroup; ++g) {
             const v16 rescale = row_rescale(h, g);
             for (int j = 0; j < 2 * kTileWords; ++j) acc[g][j] = load16(accumulator(h, g) + 32 * word + 16 * j) * rescale;
         }
         for (int index = 0; index < n; index += 2) {
-            if (stepping && index % PrefetchStream<T, kChunk>::kStepKeys == 0) ahead.step();
+            if (stepping && index % Prefetchers<T, kChunk>::kStepKeys == 0) ahead.step();
             const T* first = keys[index] + offset + 32 * word;
             const T* second = keys[index + 1] + offset + 32 * word;  // past an odd tail: padding, weight 0
             __m512bh low[kTileWords], high[kTileWords];
@@ -902,7 +928,7 @@ class DecodeRunner {
 #else
     void load_query_bf16(int, int, const float*) {}
     void store_bf16(int, int, int, v16) {}
-    void bf16_values(int, const T* const*, int, int64_t, int, PrefetchStream<T, kChunk>&, bool) {}
+    void bf16_values(int, const T* const*, int, int64_t, int, Prefetchers<T, kChunk>&, bool) {}
 #endif
 
     // Dim d of a row's accumulator: in order, except on the bf16 path (see bf16_values).
@@ -1006,13 +1032,13 @@ uint64_t read_blocks(const KvtParams& p) {
             const int seq = order[i], len = p.seq_lens[seq];
             if (len == 0) continue;
             key_rows(p, p.block_tables + seq * p.block_table_stride, 0, len, rows);
-            PrefetchStream<T, kChunk> ahead(p, rows.data(), len);
+            Prefetchers<T, kChunk> ahead(p, rows.data(), len);
             for (int chunk = 0; chunk < len; chunk += kChunk) {
                 const int n = std::min(kChunk, len - chunk);
                 for (int h = 0; h < p.num_kv_heads; ++h) {
                     for (int64_t kv = 0; kv < 2; ++kv) {
                         for (int t = chunk; t < chunk + n; ++t) {
-                            if ((t - chunk) % PrefetchStream<T, kChunk>::kStepKeys == 0) ahead.step();
+                            if ((t - chunk) % Prefetchers<T, kChunk>::kStepKeys == 0) ahead.step();
                             const char* bytes = reinterpret_cast<const char*>(rows[t] + kv * p.stride_kv + h * p.stride_head);
                             for (int64_t b = 0; b + 16 <= head_bytes; b += 16) folded ^= load_vector<v4i>(bytes + b);
                         }
