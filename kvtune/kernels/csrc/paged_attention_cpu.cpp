@@ -505,15 +505,18 @@ void key_rows(const KvtParams& p, const int32_t* table, int lo, int hi, std::vec
 // they are consumed keeps the core's miss buffers busy without overflowing them (a whole block at a time
 // did: measured, the same time for bf16 as for fp32, i.e. latency-bound; and prefetching a key's rows for
 // every head at once ran in bursts, 20% slower).
-template <typename T, int kChunk, int kLevel = 2>
+template <typename T, int kChunk, int kLevel = 2, int kDim = 0>
 class PrefetchStream {
+    // Lines per row of one head when head_dim is known at compile time (the inner loop then unrolls).
+    static constexpr int64_t kLines = (static_cast<int64_t>(kDim) * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+
   public:
     static constexpr int kStepKeys = 16;
 
     // `keys` as from key_rows: `count` keys, padded to whole groups of four.
     PrefetchStream(const KvtParams& p, const T* const* keys, int count, int64_t bytes_ahead)
         : keys_(keys), count_(count), heads_(p.num_kv_heads), stride_kv_(p.stride_kv), stride_head_(p.stride_head),
-          lines_((static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T)) + 63) / 64) {
+          lines_(kDim != 0 ? kLines : (static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T)) + 63) / 64) {
         const int64_t distance = bytes_ahead / (kStepKeys * 64 * lines_);
         for (int64_t i = 0; i < std::max<int64_t>(bytes_ahead > 0, distance); ++i) step();
     }
@@ -526,7 +529,11 @@ class PrefetchStream {
         // line to the demand load.
         for (int key = key_; key < end; ++key) {
             const char* row = reinterpret_cast<const char*>(keys_[chunk_ + key] + offset);
-            for (int64_t line = 0; line < lines_; ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
+            if constexpr (kDim != 0) {
+                for (int64_t line = 0; line < kLines; ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
+            } else {
+                for (int64_t line = 0; line < lines_; ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
+            }
         }
         if ((key_ = end) < std::min(kChunk, count_ - chunk_)) return;
         key_ = 0;
@@ -546,10 +553,10 @@ class PrefetchStream {
 
 // The decode runner's two prefetch streams: far into L2, and for float32 caches near into L1 (see
 // KVT_PREFETCH_L1_BYTES). step() is called once per PrefetchStream::kStepKeys keys read.
-template <typename T, int kChunk>
+template <typename T, int kChunk, int kDim = 0>
 class Prefetchers {
   public:
-    static constexpr int kStepKeys = PrefetchStream<T, kChunk, 2>::kStepKeys;
+    static constexpr int kStepKeys = PrefetchStream<T, kChunk, 2, kDim>::kStepKeys;
     static constexpr bool kToL1 = sizeof(T) == 4;
 
     Prefetchers(const KvtParams& p, const T* const* keys, int count)
@@ -561,8 +568,8 @@ class Prefetchers {
     }
 
   private:
-    PrefetchStream<T, kChunk, 2> to_l2_;
-    PrefetchStream<T, kChunk, 3> to_l1_;
+    PrefetchStream<T, kChunk, 2, kDim> to_l2_;
+    PrefetchStream<T, kChunk, 3, kDim> to_l1_;
 };
 
 // Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
@@ -637,7 +644,7 @@ class DecodeRunner {
         std::fill(sum_.begin(), sum_.end(), 0.0f);
         if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
             key_rows(p_, p_.block_tables + item.seq * p_.block_table_stride, lo, hi, rows_);
-            Prefetchers<T, kChunk> ahead(p_, rows_.data(), hi - lo);
+            Prefetchers<T, kChunk, kDim> ahead(p_, rows_.data(), hi - lo);
             for (int chunk = lo; chunk < hi; chunk += kChunk) {
                 const int n = std::min(kChunk, hi - chunk);
                 const T* const* keys = rows_.data() + (chunk - lo);
@@ -701,8 +708,11 @@ class DecodeRunner {
     }
 
     // Scores of head h's rows against the chunk's n keys.
-    void scores(int h, const T* const* keys, int n, Prefetchers<T, kChunk>& ahead) {
+    void scores(int h, const T* const* keys, int n, Prefetchers<T, kChunk, kDim>& ahead) {
         const int64_t head = h * p_.stride_head;
+        const v16 key_in_group = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+        const v16 minus_infinity = splat(-std::numeric_limits<float>::infinity());
+        const v16 bf16_scale = splat(p_.scale * p_.k_scale);  // the bf16 path's queries are not pre-scaled
         // The query quarters, read once (in the loop they would be re-read after every score store: both
         // are floats, so the compiler must assume the stores may change them).
         v16 quarters[kGroup >= 4 ? kRowSets : 1][kDotBf16 ? kDim / 8 : kQuads];
@@ -714,24 +724,22 @@ class DecodeRunner {
             }
         }
         for (int group = 0; group * 4 < n; ++group) {
-            if (group % (Prefetchers<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
+            if (group % (Prefetchers<T, kChunk, kDim>::kStepKeys / 4) == 0) ahead.step();
             const int count = std::min(4, n - group * 4);
             const T* raw[4];
             for (int i = 0; i < 4; ++i) raw[i] = keys[4 * group + i] + head;  // padding keys are masked below
             v16 sets[kRowSets];
             if constexpr (kDotBf16) {
-                for (int s = 0; s < kRowSets; ++s) sets[s] = bf16_quad_scores(quarters[s], raw);
+                for (int s = 0; s < kRowSets; ++s) sets[s] = bf16_quad_scores(quarters[s], raw) * bf16_scale;
             } else {
                 const float* k[4];
                 for (int i = 0; i < 4; ++i) k[i] = i < count ? as_float(raw[i], i) : k[0];
                 for (int s = 0; s < kRowSets; ++s) sets[s] = kGroup >= 4 ? quad_scores(quarters[s], k) : lane_scores(h, k);
             }
+            // Lanes of padding keys get -inf by one select (writing single lanes went through the stack).
+            const v16 valid = splat(static_cast<float>(count));
             for (int s = 0; s < kRowSets; ++s) {
-                v16 four = sets[s];
-                for (int i = count; i < 4; ++i) {
-                    for (int r = 0; r < 4; ++r) four[4 * r + i] = -std::numeric_limits<float>::infinity();
-                }
-                store16(score(h, group, s), four);
+                store16(score(h, group, s), key_in_group < valid ? sets[s] : minus_infinity);
             }
         }
     }
@@ -771,7 +779,7 @@ class DecodeRunner {
                 }
             }
         }
-        return reduce_quads((v16)dot[0], (v16)dot[1], (v16)dot[2], (v16)dot[3]) * (p_.scale * p_.k_scale);
+        return reduce_quads((v16)dot[0], (v16)dot[1], (v16)dot[2], (v16)dot[3]);
     }
 #else
     v16 bf16_quad_scores(const v16*, const T* const*) { return v16{}; }
@@ -834,7 +842,7 @@ class DecodeRunner {
     ALWAYS_INLINE v16 row_rescale(int h, int g) { return splat(state(rescale_, h, g / 4)[4 * (g % 4)]); }
 
     // The first tile's pass over the keys steps the prefetcher (once per four keys, as the reads go).
-    void values(int h, const T* const* keys, int n, Prefetchers<T, kChunk>& ahead) {
+    void values(int h, const T* const* keys, int n, Prefetchers<T, kChunk, kDim>& ahead) {
         const int64_t offset = p_.stride_kv + h * p_.stride_head;
         if constexpr (kDotBf16) {
             for (int word = 0; word < kWords; word += kTileWords) bf16_values(h, keys, n, offset, word, ahead, word == 0);
@@ -845,14 +853,14 @@ class DecodeRunner {
 
     // Dims [16 vec, 16 (vec + kTileVecs)) of every row; padding keys of the last group carry weight 0.
     ALWAYS_INLINE void float_values(int h, const T* const* keys, int n, int64_t offset, int vec,
-                                    Prefetchers<T, kChunk>& ahead, bool stepping) {
+                                    Prefetchers<T, kChunk, kDim>& ahead, bool stepping) {
         v16 acc[kGroup][kTileVecs];
         for (int g = 0; g < kGroup; ++g) {
             const v16 rescale = row_rescale(h, g);
             for (int j = 0; j < kTileVecs; ++j) acc[g][j] = load16(accumulator(h, g) + 16 * (vec + j)) * rescale;
         }
         for (int group = 0; group * 4 < n; ++group) {
-            if (stepping && group % (Prefetchers<T, kChunk>::kStepKeys / 4) == 0) ahead.step();
+            if (stepping && group % (Prefetchers<T, kChunk, kDim>::kStepKeys / 4) == 0) ahead.step();
             const float* weights = score(h, group, 0);
             for (int i = 0; i < 4; ++i) {
                 const T* row = keys[4 * group + i] + offset + 16 * vec;
@@ -894,14 +902,14 @@ class DecodeRunner {
     // Unpacking works within 128-bit lanes, so of 32 dims [32w, 32w + 32) the low accumulator holds dims
     // 8l + m and the high one 8l + 4 + m in lane 4l + m; store() puts them back in order.
     ALWAYS_INLINE void bf16_values(int h, const T* const* keys, int n, int64_t offset, int word,
-                                   Prefetchers<T, kChunk>& ahead, bool stepping) {
+                                   Prefetchers<T, kChunk, kDim>& ahead, bool stepping) {
         v16 acc[kGroup][2 * kTileWords];
         for (int g = 0; g < kGroup; ++g) {
             const v16 rescale = row_rescale(h, g);
             for (int j = 0; j < 2 * kTileWords; ++j) acc[g][j] = load16(accumulator(h, g) + 32 * word + 16 * j) * rescale;
         }
         for (int index = 0; index < n; index += 2) {
-            if (stepping && index % Prefetchers<T, kChunk>::kStepKeys == 0) ahead.step();
+            if (stepping && index % Prefetchers<T, kChunk, kDim>::kStepKeys == 0) ahead.step();
             const T* first = keys[index] + offset + 32 * word;
             const T* second = keys[index + 1] + offset + 32 * word;  // past an odd tail: padding, weight 0
             __m512bh low[kTileWords], high[kTileWords];
@@ -928,7 +936,7 @@ class DecodeRunner {
 #else
     void load_query_bf16(int, int, const float*) {}
     void store_bf16(int, int, int, v16) {}
-    void bf16_values(int, const T* const*, int, int64_t, int, Prefetchers<T, kChunk>&, bool) {}
+    void bf16_values(int, const T* const*, int, int64_t, int, Prefetchers<T, kChunk, kDim>&, bool) {}
 #endif
 
     // Dim d of a row's accumulator: in order, except on the bf16 path (see bf16_values).
