@@ -500,18 +500,18 @@ void key_rows(const KvtParams& p, const int32_t* table, int lo, int hi, std::vec
 
 // Prefetches, a fixed distance ahead, exactly what a decode item will read. Its reads come in steps of
 // kStepKeys keys' rows of one KV head, K or V: chunk by chunk, then head by head, K before V; each step()
-// issues the lines of the step that lies `bytes_ahead` further on, into L2 (kLevel 2) or L1 (kLevel 3). Blocks sit at random places in the
-// pool, so the hardware prefetcher cannot run ahead across a block boundary; asking for lines at the rate
-// they are consumed keeps the core's miss buffers busy without overflowing them (a whole block at a time
-// did: measured, the same time for bf16 as for fp32, i.e. latency-bound; and prefetching a key's rows for
-// every head at once ran in bursts, 20% slower).
+// issues the lines of the step that lies `bytes_ahead` further on, into L2 (kLevel 2) or L1 (kLevel 3).
+// Blocks sit at random places in the pool, so the hardware prefetcher cannot run ahead across a block
+// boundary; asking for lines at the rate they are consumed keeps the core's miss buffers busy without
+// overflowing them (a whole block at a time did: measured, the same time for bf16 as for fp32, i.e.
+// latency-bound; and prefetching a key's rows for every head at once ran in bursts, 20% slower).
 template <typename T, int kChunk, int kLevel = 2, int kDim = 0>
 class PrefetchStream {
     // Lines per row of one head when head_dim is known at compile time (the inner loop then unrolls).
     static constexpr int64_t kLines = (static_cast<int64_t>(kDim) * static_cast<int64_t>(sizeof(T)) + 63) / 64;
 
   public:
-    static constexpr int kStepKeys = 16;
+    static constexpr int kStepKeys = 16;  // a step per 4 keys cost 15% of the bf16 arithmetic in bookkeeping
 
     // `keys` as from key_rows: `count` keys, padded to whole groups of four.
     PrefetchStream(const KvtParams& p, const T* const* keys, int count, int64_t bytes_ahead)
@@ -529,11 +529,7 @@ class PrefetchStream {
         // line to the demand load.
         for (int key = key_; key < end; ++key) {
             const char* row = reinterpret_cast<const char*>(keys_[chunk_ + key] + offset);
-            if constexpr (kDim != 0) {
-                for (int64_t line = 0; line < kLines; ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
-            } else {
-                for (int64_t line = 0; line < lines_; ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
-            }
+            for (int64_t line = 0; line < (kDim != 0 ? kLines : lines_); ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
         }
         if ((key_ = end) < std::min(kChunk, count_ - chunk_)) return;
         key_ = 0;
