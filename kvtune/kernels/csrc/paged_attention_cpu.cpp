@@ -568,6 +568,10 @@ class Prefetchers {
     PrefetchStream<T, kChunk, 3, kDim> to_l1_;
 };
 
+// Keys per online-softmax step of the decode runner: a chunk's K and V rows stay in L1/L2. read_blocks
+// walks the same chunks, so the read-only bound reads in the kernel's order.
+constexpr int kDecodeChunk = 64;
+
 // Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
 ALWAYS_INLINE v16 max_within_quads(v16 x) {
     const v16i swap_pairs = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
@@ -602,7 +606,7 @@ class DecodeRunner {
     static constexpr int kQuads = kDim / 4;
     static constexpr int kRows = kGroup < 4 ? 4 : kGroup;
     static constexpr int kRowSets = kRows / 4;
-    static constexpr int kChunk = 64;
+    static constexpr int kChunk = kDecodeChunk;
     static constexpr int kKeyGroups = kChunk / 4;
     static constexpr int kTileVecs = kGroup * kVecs <= 16 ? kVecs : (16 / kGroup > 0 ? 16 / kGroup : 1);
 #ifdef KVT_DOT_BF16
@@ -729,7 +733,7 @@ class DecodeRunner {
                 for (int s = 0; s < kRowSets; ++s) sets[s] = bf16_quad_scores(quarters[s], raw) * bf16_scale;
             } else {
                 const float* k[4];
-                for (int i = 0; i < 4; ++i) k[i] = i < count ? as_float(raw[i], i) : k[0];
+                for (int i = 0; i < 4; ++i) k[i] = as_float(raw[i], i);
                 for (int s = 0; s < kRowSets; ++s) sets[s] = kGroup >= 4 ? quad_scores(quarters[s], k) : lane_scores(h, k);
             }
             // Lanes of padding keys get -inf by one select (writing single lanes went through the stack).
@@ -1020,7 +1024,7 @@ void dispatch_dim(const KvtParams& p, const std::vector<Item>& items) {
 // the kernel beside it.
 template <typename T>
 uint64_t read_blocks(const KvtParams& p) {
-    constexpr int kChunk = 64;
+    constexpr int kChunk = kDecodeChunk;
     std::vector<int> order(p.num_seqs);
     for (int seq = 0; seq < p.num_seqs; ++seq) order[seq] = seq;
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.seq_lens[a] > p.seq_lens[b]; });
