@@ -174,3 +174,27 @@ def test_cpu_fp8_decode_rounds_queries_to_bf16_only_when_they_were_bf16(query_dt
         k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
     )  # fmt: skip
     torch.testing.assert_close(got.double(), _expected_decode(case), **tolerance(query_dtype))
+
+
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16])
+def test_cpu_fp8_decode_widens_every_e4m3_value_exactly(query_dtype):
+    """All 256 e4m3 bytes (zeros, subnormals, the largest normals, both NaNs) as the V rows of one-token
+    sequences: softmax over one key is 1, so each output is exactly v_scale x the dequantised value. Float32
+    queries take the float path's widening; bf16 queries the dot-product path's (byte lookups on AVX512-VBMI)."""
+    skip_unavailable("cpu")
+    num_kv_heads, head_dim = 2, 32
+    num_seqs = 256 // (num_kv_heads * head_dim)
+    case = build_case(
+        [1] * num_seqs, [1] * num_seqs, 8, num_kv_heads, head_dim, 16, query_dtype, FP8_DTYPE, seed=3
+    )
+    every_byte = torch.arange(256, dtype=torch.uint8).view(num_seqs, num_kv_heads, head_dim)
+    first_blocks = case.block_tables[:, 0].long()
+    case.kv_cache.view(torch.uint8)[first_blocks, 1, 0] = every_byte.to(case.kv_cache.device)
+    got = paged_decode_attention(
+        case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
+        k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
+    )  # fmt: skip
+    values = every_byte.view(FP8_DTYPE).float() * case.v_scale  # [seq, kv head, dim]
+    expected = values.repeat_interleave(got.shape[1] // num_kv_heads, dim=1).to(got.dtype)
+    assert torch.isnan(expected).sum() == 2 * got.shape[1] // num_kv_heads
+    torch.testing.assert_close(got.cpu(), expected, atol=0, rtol=0, equal_nan=True)
