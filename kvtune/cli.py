@@ -72,19 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register(sub: argparse.ArgumentParser, module: str) -> None:
+    """Adds a verb's arguments from its module. A verb whose module, or a package that module needs, is not
+    installed stays listed and says so when used, so the other verbs keep working: a GPU image without the
+    server's packages can still run `kvtune bench kernels`."""
     try:
         importlib.import_module(module).add_arguments(sub)
     except ModuleNotFoundError as missing:
-        if not missing.name or not module.startswith(missing.name):
-            raise
-        sub.set_defaults(_missing=module)
+        if missing.name and module.startswith(missing.name):
+            reason = f"{module} is not installed in this build"
+        else:
+            reason = f"`{sub.prog}` needs the Python package {missing.name!r}, which is not installed here"
+        sub.set_defaults(_missing=reason)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unparsed = parser.parse_known_args(argv)
     try:
-        if getattr(args, "_missing", None):
-            raise KvtuneError(f"{args._missing} is not installed in this build")
+        if getattr(args, "_missing", None):  # its arguments were never added, so none of them parsed
+            raise KvtuneError(args._missing)
+        if unparsed:
+            parser.error(f"unrecognized arguments: {' '.join(unparsed)}")
         code: int = importlib.import_module(args._module).run(args)
         return code
     except KvtuneError as err:
