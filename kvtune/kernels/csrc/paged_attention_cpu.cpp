@@ -1065,7 +1065,7 @@ void dispatch_dim(const KvtParams& p, const std::vector<Item>& items) {
 // the cache layout and the memory system allow a paged decode kernel at best. `kvtune bench kernels` sets
 // the kernel beside it.
 // Folds a cache row's 32-bit words into `folded` by xor, with loads of V (16 to 64 bytes, the widest that tile
-// the row): 16-byte loads for every row held the read-only pass 5-10% under the kernel's own reads in fp32.
+// the row): 16-byte loads through one xor chain held the read-only pass 5-10% below what fp32 rows allow.
 template <typename V>
 ALWAYS_INLINE V fold_row(V folded, const char* bytes, int64_t row_bytes) {
     constexpr int64_t kWidth = sizeof(V);
@@ -1073,6 +1073,7 @@ ALWAYS_INLINE V fold_row(V folded, const char* bytes, int64_t row_bytes) {
     return folded;
 }
 
+// The xor of a vector's 32-bit lanes: a thread's share of a read checksum.
 template <typename V>
 uint32_t xor_lanes(V v) {
     uint32_t total = 0;
