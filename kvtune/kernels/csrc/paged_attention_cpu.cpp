@@ -883,7 +883,8 @@ class DecodeRunner {
     // Row g's factor from softmax(), broadcast.
     ALWAYS_INLINE v16 row_rescale(int h, int g) { return splat(state(rescale_, h, g / 4)[4 * (g % 4)]); }
 
-    // The first tile's pass over the keys steps the prefetcher (once per four keys, as the reads go).
+    // The first tile's pass over the keys steps the prefetcher (once per PrefetchStream::kStepKeys keys, as the
+    // reads go).
     void values(int h, const T* const* keys, int n, Prefetchers<T, kChunk, kDim>& ahead) {
         const int64_t offset = p_.stride_kv + h * p_.stride_head;
         if constexpr (kDotBf16) {
@@ -1060,10 +1061,6 @@ void dispatch_dim(const KvtParams& p, const std::vector<Item>& items) {
     }
 }
 
-// Reads every K and V byte a decode step over this batch would read, in the same order (chunk by chunk, a
-// head's K rows then its V rows), with the same prefetching and threads, and no arithmetic but an xor: what
-// the cache layout and the memory system allow a paged decode kernel at best. `kvtune bench kernels` sets
-// the kernel beside it.
 // Folds a cache row's 32-bit words into `folded` by xor, with loads of V (16 to 64 bytes, the widest that tile
 // the row): 16-byte loads through one xor chain held the read-only pass 5-10% below what fp32 rows allow.
 template <typename V>
@@ -1081,6 +1078,10 @@ uint32_t xor_lanes(V v) {
     return total;
 }
 
+// Reads every K and V byte a decode step over this batch would read, in the same order (chunk by chunk, a
+// head's K rows then its V rows), with the same prefetching and threads, and no arithmetic but an xor: what
+// the cache layout and the memory system allow a paged decode kernel at best. `kvtune bench kernels` sets
+// the kernel beside it.
 template <typename T>
 uint64_t read_blocks(const KvtParams& p) {
     constexpr int kChunk = kDecodeChunk;
