@@ -17,11 +17,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvtune.engine_sidecar.admin import build_admin_router
+from kvtune.engine_sidecar.admin import AdminConfigPatch, build_admin_router
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
 from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
-from kvtune.engine_sidecar.protocol import ModelCard, ModelList, error_body
+from kvtune.engine_sidecar.openapi_schema import OPENAPI_URL, install_openapi
+from kvtune.engine_sidecar.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    error_body,
+)
 from kvtune.engine_sidecar.stats_log import log_stats_forever
 
 logger = logging.getLogger(__name__)
@@ -83,7 +90,7 @@ def build_app(
                 logger_task.cancel()
             await asyncio.to_thread(async_engine.shutdown)
 
-    app = FastAPI(title="kvtune", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="kvtune", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=OPENAPI_URL)
     _install_error_handlers(app)
 
     @app.post("/v1/completions")
@@ -110,4 +117,13 @@ def build_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     app.include_router(build_admin_router(async_engine, admin_token))
+    install_openapi(
+        app,
+        {
+            ("/v1/completions", "post"): CompletionRequest,
+            ("/v1/chat/completions", "post"): ChatCompletionRequest,
+            ("/admin/config", "patch"): AdminConfigPatch,
+        },
+        admin_paths=("/admin/",),
+    )
     return app
