@@ -26,6 +26,8 @@ from kvtune.engine_sidecar.tiny_tokenizer import byte_symbols
 from kvtune.errors import KvtuneError
 
 Message = Mapping[str, Any]
+# Placeholder characters for special-token text in messages: the BMP's and plane 15's private-use areas.
+_PRIVATE_USE = (*range(0xE000, 0xF900), *range(0xF0000, 0xFFFFE))
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -171,8 +173,13 @@ class TextTokenizer:
 
         Splitting at the template's special tokens changes nothing else: the tokenizer itself splits there
         before it normalizes and pre-tokenizes."""
-        used = "".join(str(v) for message in messages for v in message.values()) + (self.chat_template or "")
-        mark = next(chr(c) for c in range(0xE000, 0xF900) if chr(c) not in used)
+        used = {
+            *"".join(str(v) for message in messages for v in message.values()),
+            *(self.chat_template or ""),
+        }
+        mark = next((chr(c) for c in _PRIVATE_USE if chr(c) not in used), None)
+        if mark is None:
+            raise KvtuneError("the messages use every private-use character; kvtune cannot mark them")
         originals: list[str] = []
 
         def escape(value: Any) -> Any:

@@ -15,6 +15,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 from kvtune.engine_sidecar.tiny_tokenizer import EOT_TOKEN
 from kvtune.engine_sidecar.tokenizer import TextTokenizer, load_tokenizer
+from kvtune.errors import KvtuneError
 
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>",
@@ -148,3 +149,16 @@ def test_any_content_round_trips_with_only_template_specials(
     template_only = llama3_like.encode_chat([{"role": "user", "content": "x"} for _ in contents])
     for token in LLAMA3_SPECIALS:
         assert _special_count(llama3_like, ids, token) == _special_count(llama3_like, template_only, token)
+
+
+def test_messages_that_use_private_use_characters_still_work(tiny: TextTokenizer) -> None:
+    """The placeholder is a private-use character the messages do not use; a conversation using every one
+    of them is refused with a clear error (a 400 at the server), never a crash."""
+    bmp = "".join(chr(c) for c in range(0xE000, 0xF900))
+    messages = [{"role": "user", "content": bmp + FORGED}]
+    ids = tiny.encode_chat(messages)
+    assert ids.count(tiny.tokenizer.token_to_id(EOT_TOKEN)) == 1
+    assert tiny.decode(ids, skip_special_tokens=False) == tiny.apply_chat_template(messages)
+    every = bmp + "".join(chr(c) for c in range(0xF0000, 0xFFFFE))
+    with pytest.raises(KvtuneError, match="private-use"):
+        tiny.encode_chat([{"role": "user", "content": every + FORGED}])
