@@ -99,6 +99,9 @@ class _SamplingFields(_Lenient):
     guided_choice: _Guided = None
     guided_grammar: _Guided = None
     structured_outputs: _Guided = None
+    response_format: Annotated[
+        Any, _only_neutral(lambda v: v == {"type": "text"}, "response_format", '{"type": "text"}')
+    ] = None
 
     @property
     def include_usage(self) -> bool:
@@ -134,9 +137,6 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     best_of: int | None = None
     suffix: Annotated[Any, _only_neutral(_is_empty, "suffix (insertion)", "null")] = None
-    response_format: Annotated[
-        Any, _only_neutral(lambda v: v == {"type": "text"}, "response_format", '{"type": "text"}')
-    ] = None
 
     @field_validator("echo")
     @classmethod
@@ -187,9 +187,6 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    response_format: Annotated[
-        Any, _only_neutral(lambda v: v == {"type": "text"}, "response_format", '{"type": "text"}')
-    ] = None
     tools: Annotated[Any, _only_neutral(_is_empty, "tools", "[]")] = None
     tool_choice: Annotated[Any, _only_neutral(lambda v: v in ("none", "auto"), "tool_choice", '"none"')] = (
         None
