@@ -22,6 +22,7 @@ from kvtune.engine_sidecar.checkpoint import open_checkpoint
 from kvtune.engine_sidecar.detokenize import IncrementalText
 from kvtune.engine_sidecar.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from kvtune.engine_sidecar.kv_cache import KVCache
+from kvtune.engine_sidecar.logprobs import TokenLogprobs, sampled_logprobs
 from kvtune.engine_sidecar.model import load_model
 from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
 from kvtune.engine_sidecar.tokenizer import load_tokenizer
@@ -43,6 +44,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+    logprobs: TokenLogprobs | None = None  # only for requests that asked, and not for a hidden end token
 
 
 @dataclass
@@ -308,13 +310,16 @@ class LLMEngine:
             row_logits = torch.cat([row_logits, row_logits[extra_rows]])
         tracks = [self._tracks[r.request_id] for r in sampling]
         tokens = self.sampler.sample(row_logits, [t.params for t in tracks], [t.generator for t in tracks])
+        logprobs = sampled_logprobs(row_logits, tokens, [t.params.logprobs for t in tracks])
         outputs = [
-            self._append(req, track, token, now)
-            for req, track, token in zip(sampling, tracks, tokens, strict=True)
+            self._append(req, track, token, now, token_logprobs)
+            for req, track, token, token_logprobs in zip(sampling, tracks, tokens, logprobs, strict=True)
         ]
         return self._drain_finished(outputs)
 
-    def _append(self, req: Request, track: _Track, token: int, now: float) -> RequestOutput:
+    def _append(
+        self, req: Request, track: _Track, token: int, now: float, logprobs: TokenLogprobs | None = None
+    ) -> RequestOutput:
         params = track.params
         # ignore_eos ignores the model's EOS only; stop_token_ids the client asked for still stop (as vLLM).
         eos = token in params.stop_token_ids or (not params.ignore_eos and token in self._eos)
@@ -344,6 +349,7 @@ class LLMEngine:
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_token_ids),
             num_cached_tokens=track.num_cached_tokens,
+            logprobs=None if eos else logprobs,
         )
 
     def _drain_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

@@ -28,6 +28,8 @@ from kvtune.engine_sidecar.async_engine import (
     RequestStream,
 )
 from kvtune.engine_sidecar.engine import RequestOutput
+from kvtune.engine_sidecar.logprobs import TokenLogprobs
+from kvtune.engine_sidecar.openai_logprobs import LogprobsFormatter
 from kvtune.engine_sidecar.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -122,15 +124,19 @@ class _Choices:
     texts: list[str] = field(default_factory=list)
     reasons: list[str | None] = field(default_factory=list)
     completion_tokens: list[int] = field(default_factory=list)
+    logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
     prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.texts = [""] * self.n
         self.reasons = [None] * self.n
         self.completion_tokens = [0] * self.n
+        self.logprobs = [[] for _ in range(self.n)]
 
     def add(self, out: RequestOutput) -> None:
         self.texts[out.index] += out.new_text
+        if out.logprobs is not None:
+            self.logprobs[out.index].append(out.logprobs)
         self.completion_tokens[out.index] = out.num_output_tokens
         self.prompt_tokens = out.num_prompt_tokens
         if out.finished:
@@ -149,6 +155,7 @@ class OpenAIServing:
         self.model_name = engine.served_model_name
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
+        self.logprob_formatter = LogprobsFormatter(self.tokenizer)
 
     # --- request checks --------------------------------------------------------------------------------
     def _check_model(self, name: str | None) -> None:
@@ -171,6 +178,17 @@ class OpenAIServing:
         if not single:
             raise ApiError(400, "the prompt is empty", "prompt")
         return self.tokenizer.encode(single) if isinstance(single, str) else list(single)
+
+    def _echo_text(self, prompt: str | list[int] | list[str] | list[list[int]]) -> str:
+        """The prompt as `echo` returns it: the client's own text, or its token ids decoded (BOS dropped)."""
+        single: str | list[int]
+        if isinstance(prompt, str):
+            single = prompt
+        elif prompt and not isinstance(prompt[0], int):
+            single = prompt[0]
+        else:
+            single = [t for t in prompt if isinstance(t, int)]
+        return single if isinstance(single, str) else self.tokenizer.decode(single)
 
     def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
         """An absent max_tokens means 'up to the context length', as in vLLM."""
@@ -198,30 +216,58 @@ class OpenAIServing:
             "cmpl", prompt_ids, body, self._max_tokens(body.max_tokens, len(prompt_ids))
         )
         request_id = stream.request_id
+        echo = self._echo_text(body.prompt) if body.echo else ""
+        wants_logprobs = body.logprobs is not None
         if body.stream:
-            return self._event_stream(self._completion_events(stream, body.include_usage))
+            return self._event_stream(
+                self._completion_events(stream, body.include_usage, echo, wants_logprobs)
+            )
         choices = await self._collect(request, stream, body.n)
         return JSONResponse(
             CompletionResponse(
                 id=request_id,
                 model=self.model_name,
                 choices=[
-                    CompletionChoice(index=i, text=choices.texts[i], finish_reason=choices.reasons[i])
+                    CompletionChoice(
+                        index=i,
+                        text=echo + choices.texts[i],
+                        logprobs=self.logprob_formatter.completion(choices.logprobs[i], len(echo))[0]
+                        if wants_logprobs
+                        else None,
+                        finish_reason=choices.reasons[i],
+                    )
                     for i in range(body.n)
                 ],
                 usage=choices.usage(),
             ).model_dump()
         )
 
-    async def _completion_events(self, stream: RequestStream, include_usage: bool) -> AsyncIterator[str]:
+    async def _completion_events(
+        self, stream: RequestStream, include_usage: bool, echo: str, wants_logprobs: bool
+    ) -> AsyncIterator[str]:
+        """Echo: each choice's first chunk is the prompt text. Logprobs: each chunk carries its token's."""
         choices = _Choices(stream.choices)
+        offsets = [len(echo)] * stream.choices
+        if echo:
+            for i in range(stream.choices):
+                echoed = CompletionChoice(index=i, text=echo)
+                yield _sse(CompletionResponse(id=stream.request_id, model=self.model_name, choices=[echoed]))
         async with stream:
             try:
                 async for outputs in stream:
                     for out in outputs:
                         choices.add(out)
+                        logprobs = None
+                        if wants_logprobs:
+                            entries = [out.logprobs] if out.logprobs is not None else []
+                            logprobs, offsets[out.index] = self.logprob_formatter.completion(
+                                entries, offsets[out.index]
+                            )
                         choice = CompletionChoice(
-                            index=out.index, text=out.new_text, finish_reason=out.finish_reason
+                            index=out.index,
+                            text=out.new_text,
+                            logprobs=logprobs,
+                            finish_reason=out.finish_reason,
                         )
                         yield _sse(
                             CompletionResponse(id=stream.request_id, model=self.model_name, choices=[choice])
@@ -250,7 +296,7 @@ class OpenAIServing:
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         stream = await self._start("chatcmpl", prompt_ids, body, self._max_tokens(requested, len(prompt_ids)))
         if body.stream:
-            return self._event_stream(self._chat_events(stream, body.include_usage))
+            return self._event_stream(self._chat_events(stream, body.include_usage, bool(body.logprobs)))
         choices = await self._collect(request, stream, body.n)
         return JSONResponse(
             ChatCompletionResponse(
@@ -260,6 +306,7 @@ class OpenAIServing:
                     ChatChoice(
                         index=i,
                         message=ChatResponseMessage(content=choices.texts[i]),
+                        logprobs=self.logprob_formatter.chat(choices.logprobs[i]) if body.logprobs else None,
                         finish_reason=choices.reasons[i],
                     )
                     for i in range(body.n)
@@ -268,7 +315,9 @@ class OpenAIServing:
             ).model_dump()
         )
 
-    async def _chat_events(self, stream: RequestStream, include_usage: bool) -> AsyncIterator[str]:
+    async def _chat_events(
+        self, stream: RequestStream, include_usage: bool, wants_logprobs: bool
+    ) -> AsyncIterator[str]:
         n = stream.choices
         choices = _Choices(n)
 
@@ -287,8 +336,15 @@ class OpenAIServing:
                     for out in outputs:
                         choices.add(out)
                         delta = ChatDelta(content=out.new_text)
+                        entries = [out.logprobs] if out.logprobs is not None else []
+                        logprobs = self.logprob_formatter.chat(entries) if wants_logprobs else None
                         yield chunk(
-                            ChatChunkChoice(index=out.index, delta=delta, finish_reason=out.finish_reason)
+                            ChatChunkChoice(
+                                index=out.index,
+                                delta=delta,
+                                logprobs=logprobs,
+                                finish_reason=out.finish_reason,
+                            )
                         )
             except RequestFailedError as err:
                 yield _sse(error_body(503, str(err)))

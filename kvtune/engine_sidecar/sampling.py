@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvtune.engine_sidecar.logprobs import MAX_TOP_LOGPROBS
+
 MAX_STOP_STRINGS = 16
 # Below this temperature sampling is argmax (vLLM's _SAMPLING_EPS); dividing by it would overflow to inf/nan.
 GREEDY_TEMPERATURE = 1e-5
@@ -28,6 +30,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     n: int = 1
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError with a message a client can act on."""
@@ -47,6 +50,8 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}")
         if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids below {vocab_size}")
 

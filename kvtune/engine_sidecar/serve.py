@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
     parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="read special-token text inside chat messages (e.g. <|eot_id|>) as special tokens, as vLLM "
+        "does; by default it is plain text, so a message cannot end its turn or forge another role",
+    )
     parser.add_argument("--log-stats-interval", type=float, default=5.0, help="seconds; 0 turns it off")
 
 
@@ -137,6 +143,7 @@ def build_server(args: argparse.Namespace) -> Server:
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     config = engine_config(args)
     engine = LLMEngine(config)
+    engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
     log_capacity(engine)
     async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests)
     app = build_app(

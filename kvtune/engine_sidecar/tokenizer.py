@@ -2,12 +2,15 @@
 through a sandboxed jinja2, and the set of token ids that end a generation.
 
 Chat templates are code shipped with a checkpoint; rendering them in jinja2's immutable sandbox keeps a
-hostile template from touching the server.
+hostile template from touching the server. Messages are data: special-token text a client writes inside
+a message (`<|eot_id|>`) is tokenized as plain text, so it cannot end a turn or forge another role; only
+the template's own special tokens become special ids (unless the server allows otherwise, as vLLM does).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -15,13 +18,16 @@ from typing import Any, NoReturn
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer, decoders
 
 from kvtune.engine_sidecar.checkpoint import read_json
 from kvtune.engine_sidecar.config import token_ids
+from kvtune.engine_sidecar.tiny_tokenizer import byte_symbols
 from kvtune.errors import KvtuneError
 
 Message = Mapping[str, Any]
+# Placeholder characters for special-token text in messages: the BMP's and plane 15's private-use areas.
+_PRIVATE_USE = (*range(0xE000, 0xF900), *range(0xF0000, 0xFFFFE))
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -76,6 +82,19 @@ class TextTokenizer:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.chat_template = chat_template
         self._template = compile_chat_template(chat_template) if chat_template else None
+        # vLLM parses special-token text inside messages; kvtune does only when the server says so.
+        self.parse_special_tokens_in_content = False
+        self._special_ids = frozenset(
+            token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special
+        )
+        # A second instance that reads special-token text as plain text: no shared flag is toggled per call.
+        self._plain = Tokenizer.from_str(tokenizer.to_str())
+        self._plain.encode_special_tokens = True
+        self._byte_of_symbol = (
+            {symbol: byte for byte, symbol in enumerate(byte_symbols())}
+            if isinstance(tokenizer.decoder, decoders.ByteLevel)
+            else None
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -87,6 +106,23 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text, special tokens included (a piece of a multi-byte character reads as U+FFFD)."""
+        return str(self.tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The bytes one token stands for: exact for byte-level BPE (where a token can be part of a
+        character), else the UTF-8 of its text."""
+        symbol = self.tokenizer.id_to_token(token_id)
+        if (
+            self._byte_of_symbol is not None
+            and symbol is not None
+            and token_id not in self._special_ids
+            and all(ch in self._byte_of_symbol for ch in symbol)
+        ):
+            return [self._byte_of_symbol[ch] for ch in symbol]
+        return list(self.token_text(token_id).encode("utf-8"))
 
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True, **extra: Any
@@ -107,10 +143,72 @@ class TextTokenizer:
             raise KvtuneError(f"the chat template failed: {err}") from err
 
     def encode_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a conversation; the template writes any BOS itself, so none is added again."""
-        return self.encode(
-            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
-        )
+        """Token ids of a conversation; the template writes any BOS itself, so none is added again.
+
+        Special-token text inside the messages stays plain text unless `parse_special_tokens_in_content`;
+        a conversation without any is encoded exactly as its rendered text always was."""
+        if self.parse_special_tokens_in_content or not any(
+            self._special_spans(value) for message in messages for value in message.values()
+        ):
+            return self.encode(
+                self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+            )
+        return self._encode_chat_as_data(messages, add_generation_prompt)
+
+    def _special_spans(self, value: Any) -> list[tuple[int, int]]:
+        """Where the tokenizer would read a special token in a message field (char offsets)."""
+        if not isinstance(value, str) or not value:
+            return []
+        encoding: Encoding = self.tokenizer.encode(value, add_special_tokens=False)
+        return [
+            span
+            for token_id, span in zip(encoding.ids, encoding.offsets, strict=True)
+            if token_id in self._special_ids
+        ]
+
+    def _encode_chat_as_data(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        """Render with each special-token text in the messages swapped for a placeholder, so the only special
+        tokens left in the rendered text are the template's own; keep those as special ids and encode the
+        text between them (placeholders put back) with special-token parsing off.
+
+        Splitting at the template's special tokens changes nothing else: the tokenizer itself splits there
+        before it normalizes and pre-tokenizes."""
+        used = {
+            *"".join(str(v) for message in messages for v in message.values()),
+            *(self.chat_template or ""),
+        }
+        mark = next((chr(c) for c in _PRIVATE_USE if chr(c) not in used), None)
+        if mark is None:
+            raise KvtuneError("the messages use every private-use character; kvtune cannot mark them")
+        originals: list[str] = []
+
+        def escape(value: Any) -> Any:
+            spans = self._special_spans(value)
+            if not spans:
+                return value
+            pieces, last = [], 0
+            for start, end in spans:
+                pieces += [value[last:start], f"{mark}{len(originals)}{mark}"]
+                originals.append(value[start:end])
+                last = end
+            return "".join([*pieces, value[last:]])
+
+        escaped = [{key: escape(value) for key, value in message.items()} for message in messages]
+        rendered = self.apply_chat_template(escaped, add_generation_prompt)
+        placeholder = re.compile(f"{mark}(\\d+){mark}")
+
+        def plain_ids(text: str) -> list[int]:
+            text = placeholder.sub(lambda match: originals[int(match.group(1))], text)
+            return list(self._plain.encode(text, add_special_tokens=False).ids) if text else []
+
+        ids: list[int] = []
+        last = 0
+        template_tokens = self.tokenizer.encode(rendered, add_special_tokens=False)
+        for token_id, (start, end) in zip(template_tokens.ids, template_tokens.offsets, strict=True):
+            if token_id in self._special_ids:
+                ids += [*plain_ids(rendered[last:start]), token_id]
+                last = end
+        return ids + plain_ids(rendered[last:])
 
 
 def _optional_json(path: Path) -> dict[str, Any]:
