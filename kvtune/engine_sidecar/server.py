@@ -22,6 +22,7 @@ from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
 from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
 from kvtune.engine_sidecar.protocol import ModelCard, ModelList, error_body
+from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit, RequestBodyError
 from kvtune.engine_sidecar.stats_log import log_stats_forever
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,10 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestBodyError)
+    async def request_body_error(_: Request, err: RequestBodyError) -> JSONResponse:
         return err.response()
 
     @app.exception_handler(RequestValidationError)
@@ -62,8 +67,10 @@ def build_app(
     admin_token: str | None = None,
     log_stats_interval: float | None = 5.0,
     model_root: str | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
-    """The server around `async_engine`, whose thread starts and stops with the app's lifespan."""
+    """The server around `async_engine`, whose thread starts and stops with the app's lifespan; request
+    bodies over `max_request_body_bytes` get a 413 before they are buffered."""
     engine = async_engine.engine
     metrics = metrics or EngineMetrics(engine)
     metrics.update(async_engine.latest)
@@ -85,6 +92,7 @@ def build_app(
 
     app = FastAPI(title="kvtune", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_body_bytes)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

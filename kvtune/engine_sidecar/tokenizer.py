@@ -82,8 +82,11 @@ class TextTokenizer:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; special tokens (BOS) are added as the tokenizer's post-processor says."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        """Token ids of `text`; special tokens (BOS) are added as the tokenizer's post-processor says.
+
+        Through `encode_batch` because the library's `encode` holds the GIL for the whole call (seconds
+        for a long prompt, freezing every other thread), while `encode_batch` releases it."""
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
