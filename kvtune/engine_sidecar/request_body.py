@@ -109,18 +109,19 @@ def _nested_deeper_than(data: Any, limit: int) -> bool:
 
 
 def _lone_surrogate_at(data: Any) -> str | None:
-    """The dotted path of the first string (value or key) that holds an unpaired UTF-16 surrogate."""
+    """The dotted path of the first string (value or key) that holds an unpaired UTF-16 surrogate; a
+    surrogate in the path itself is written as its escape, since an error body must be valid UTF-8."""
     pending: list[tuple[str, Any]] = [("", data)]
     while pending:
         path, value = pending.pop()
         if isinstance(value, str):
             if _SURROGATE.search(value):
-                return path or "body"
+                return path.encode("utf-8", "backslashreplace").decode() or "body"
         elif isinstance(value, dict):
             for key, item in value.items():
                 item_path = f"{path}.{key}" if path else str(key)
                 if _SURROGATE.search(key):
-                    return item_path
+                    return item_path.encode("utf-8", "backslashreplace").decode()
                 pending.append((item_path, item))
         elif isinstance(value, list):
             pending.extend(
