@@ -12,7 +12,8 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -157,6 +158,9 @@ class OpenAIServing:
         self.model_name = engine.served_model_name
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
+        # One thread: tokenizing is CPU-bound, and parallel encodes would take every core from the event
+        # loop and the engine thread; a long prompt waits for the one before it instead.
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtune-tokenize")
         self.prompt_char_limit = prompt_char_limit(self.tokenizer.tokenizer, self.max_model_len)
         if self.prompt_char_limit is None:
             logger.info("this tokenizer can drop characters: prompts are bounded by the body size only")
@@ -207,6 +211,10 @@ class OpenAIServing:
         self._check_prompt_chars(text, "messages")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    async def _tokenize(self, tokenize: Callable[..., list[int]], *args: Any) -> list[int]:
+        """Run a tokenizing call off the event loop, so /health and other streams never wait on it."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, tokenize, *args)
+
     def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
         """An absent max_tokens means 'up to the context length', as in vLLM."""
         return requested if requested is not None else max(1, self.max_model_len - prompt_len)
@@ -228,7 +236,7 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         self._check_model(body.model)
-        prompt_ids = await asyncio.to_thread(self._completion_prompt, body.prompt)
+        prompt_ids = await self._tokenize(self._completion_prompt, body.prompt)
         stream = await self._start(
             "cmpl", prompt_ids, body, self._max_tokens(body.max_tokens, len(prompt_ids))
         )
@@ -278,7 +286,7 @@ class OpenAIServing:
         body = await parse_body(request, ChatCompletionRequest)
         self._check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt_ids = await asyncio.to_thread(self._chat_prompt, messages, body.add_generation_prompt)
+        prompt_ids = await self._tokenize(self._chat_prompt, messages, body.add_generation_prompt)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         stream = await self._start("chatcmpl", prompt_ids, body, self._max_tokens(requested, len(prompt_ids)))
         if body.stream:
