@@ -8,7 +8,6 @@ Changes run on the engine thread between steps; lowering max_num_seqs evicts nob
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.protocol import error_body
+from kvtune.engine_sidecar.request_body import read_json
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
         if not authorized(request):
             return unauthorized()
         try:
-            patch = AdminConfigPatch.model_validate(json.loads(await request.body()))
+            patch = AdminConfigPatch.model_validate(await read_json(request))
         except (ValueError, ValidationError) as err:
             return JSONResponse(error_body(400, f"invalid admin config: {err}"), status_code=400)
         fields = patch.model_fields_set

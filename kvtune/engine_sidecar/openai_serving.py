@@ -12,7 +12,8 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from kvtune.engine_sidecar.async_engine import (
 from kvtune.engine_sidecar.engine import RequestOutput
 from kvtune.engine_sidecar.logprobs import TokenLogprobs
 from kvtune.engine_sidecar.openai_logprobs import LogprobsFormatter
+from kvtune.engine_sidecar.prompt_chars import prompt_char_limit
 from kvtune.engine_sidecar.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -44,6 +46,7 @@ from kvtune.engine_sidecar.protocol import (
     Usage,
     error_body,
 )
+from kvtune.engine_sidecar.request_body import read_json
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
@@ -78,12 +81,9 @@ def describe_validation_error(err: ValidationError) -> ApiError:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body as `model`, or a 400 for malformed JSON or wrong types (never FastAPI's 422)."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+    """The JSON body as `model`, or a 400 for malformed JSON or wrong types (never FastAPI's 422); the
+    door's checks (size, depth, valid Unicode) are `read_json`'s."""
+    data = await read_json(request)
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:
@@ -111,9 +111,18 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     raise ClientGoneError
 
 
+# Every character str.splitlines() breaks on. Compact JSON has them only inside strings, where a \uXXXX
+# escape means the same character, so escaping them keeps an event on one line for any client.
+_LINE_BREAKS_ESCAPED = str.maketrans(
+    {char: f"\\u{ord(char):04x}" for char in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+)
+
+
 def _sse(payload: BaseModel | dict[str, Any]) -> str:
+    """One server-sent event whose data cannot be cut in two by a client that splits on Unicode line
+    breaks (U+0085, U+2028... are legal unescaped in JSON, and generated text holds them)."""
     body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
-    return f"data: {body}\n\n"
+    return f"data: {body.translate(_LINE_BREAKS_ESCAPED)}\n\n"
 
 
 @dataclass
@@ -156,14 +165,31 @@ class OpenAIServing:
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
         self.logprob_formatter = LogprobsFormatter(self.tokenizer)
+        # One thread: tokenizing is CPU-bound, and parallel encodes would take every core from the event
+        # loop and the engine thread; a long prompt waits for the one before it instead.
+        self._tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtune-tokenize")
+        self.prompt_char_limit = prompt_char_limit(self.tokenizer.tokenizer, self.max_model_len)
+        if self.prompt_char_limit is None:
+            logger.info("this tokenizer can drop characters: prompts are bounded by the body size only")
 
     # --- request checks --------------------------------------------------------------------------------
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise ApiError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
 
+    def _check_prompt_chars(self, text: str, param: str) -> None:
+        """Refuse, without tokenizing it, text too long to fit max_model_len tokens (see prompt_chars)."""
+        if self.prompt_char_limit is not None and len(text) > self.prompt_char_limit:
+            raise ApiError(
+                400,
+                f"the prompt has {len(text)} characters, more than {self.max_model_len} tokens "
+                f"(this model's maximum context length) can hold with this tokenizer",
+                param,
+            )
+
     def _completion_prompt(self, prompt: str | list[int] | list[str] | list[list[int]]) -> list[int]:
-        """Token ids of a completion prompt: text, token ids, or a batch of exactly one of either."""
+        """Token ids of a completion prompt: text, token ids, or a batch of exactly one of either.
+        Tokenizing takes long for long text: call it off the event loop."""
         single: str | list[int]
         if isinstance(prompt, str):
             single = prompt
@@ -177,7 +203,25 @@ class OpenAIServing:
             single = [t for t in prompt if isinstance(t, int)]
         if not single:
             raise ApiError(400, "the prompt is empty", "prompt")
-        return self.tokenizer.encode(single) if isinstance(single, str) else list(single)
+        if isinstance(single, str):
+            self._check_prompt_chars(single, "prompt")
+            return self.tokenizer.encode(single)
+        return list(single)
+
+    def _chat_prompt(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        """Token ids of a conversation, its rendered text checked for length before it is tokenized (the
+        text the tokenizer sees, whatever the template keeps of each message); special-token text inside
+        the messages stays plain text (see `TextTokenizer.encode_chat`). Call it off the event loop."""
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+            self._check_prompt_chars(text, "messages")
+            return self.tokenizer.encode_chat(messages, add_generation_prompt)
+        except KvtuneError as err:
+            raise ApiError(400, str(err), "messages") from None
+
+    async def _tokenize(self, tokenize: Callable[..., list[int]], *args: Any) -> list[int]:
+        """Run a tokenizing call off the event loop, so /health and other streams never wait on it."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, tokenize, *args)
 
     def _echo_text(self, prompt: str | list[int] | list[str] | list[list[int]]) -> str:
         """The prompt as `echo` returns it: the client's own text, or its token ids decoded (BOS dropped)."""
@@ -211,7 +255,7 @@ class OpenAIServing:
     async def completions(self, request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         self._check_model(body.model)
-        prompt_ids = self._completion_prompt(body.prompt)
+        prompt_ids = await self._tokenize(self._completion_prompt, body.prompt)
         stream = await self._start(
             "cmpl", prompt_ids, body, self._max_tokens(body.max_tokens, len(prompt_ids))
         )
@@ -289,10 +333,7 @@ class OpenAIServing:
         body = await parse_body(request, ChatCompletionRequest)
         self._check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            prompt_ids = self.tokenizer.encode_chat(messages, body.add_generation_prompt)
-        except KvtuneError as err:
-            raise ApiError(400, str(err), "messages") from None
+        prompt_ids = await self._tokenize(self._chat_prompt, messages, body.add_generation_prompt)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         stream = await self._start("chatcmpl", prompt_ids, body, self._max_tokens(requested, len(prompt_ids)))
         if body.stream:

@@ -23,6 +23,7 @@ from kvtune.engine_sidecar.admin import read_token_file
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
+from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.engine_sidecar.server import build_app
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
 from kvtune.errors import KvtuneError
@@ -74,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "does; by default it is plain text, so a message cannot end its turn or forge another role",
     )
     parser.add_argument("--log-stats-interval", type=float, default=5.0, help="seconds; 0 turns it off")
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="larger bodies get a 413 before they are read (default: 4 MiB, a 128k-token prompt with room)",
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -139,6 +146,8 @@ def build_server(args: argparse.Namespace) -> Server:
         raise KvtuneError(f"--log-stats-interval must be >= 0, got {args.log_stats_interval}")
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise KvtuneError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
+    if args.max_request_body_bytes < 1:
+        raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     config = engine_config(args)
@@ -151,6 +160,7 @@ def build_server(args: argparse.Namespace) -> Server:
         admin_token=token,
         log_stats_interval=args.log_stats_interval or None,
         model_root=config.model,
+        max_request_body_bytes=args.max_request_body_bytes,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
     return Server(engine, async_engine, app, server)

@@ -29,6 +29,7 @@ from kvtune.engine_sidecar.protocol import (
     ModelList,
     error_body,
 )
+from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit, RequestBodyError
 from kvtune.engine_sidecar.stats_log import log_stats_forever
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestBodyError)
+    async def request_body_error(_: Request, err: RequestBodyError) -> JSONResponse:
         return err.response()
 
     @app.exception_handler(RequestValidationError)
@@ -69,8 +74,10 @@ def build_app(
     admin_token: str | None = None,
     log_stats_interval: float | None = 5.0,
     model_root: str | None = None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
-    """The server around `async_engine`, whose thread starts and stops with the app's lifespan."""
+    """The server around `async_engine`, whose thread starts and stops with the app's lifespan; request
+    bodies over `max_request_body_bytes` get a 413 before they are buffered."""
     engine = async_engine.engine
     metrics = metrics or EngineMetrics(engine)
     metrics.update(async_engine.latest)
@@ -92,6 +99,7 @@ def build_app(
 
     app = FastAPI(title="kvtune", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=OPENAPI_URL)
     _install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_body_bytes)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -101,8 +101,11 @@ class TextTokenizer:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; special tokens (BOS) are added as the tokenizer's post-processor says."""
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        """Token ids of `text`; special tokens (BOS) are added as the tokenizer's post-processor says.
+
+        Through `encode_batch` because the library's `encode` holds the GIL for the whole call (seconds
+        for a long prompt, freezing every other thread), while `encode_batch` releases it."""
+        return list(self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
@@ -159,7 +162,7 @@ class TextTokenizer:
         """Where the tokenizer would read a special token in a message field (char offsets)."""
         if not isinstance(value, str) or not value:
             return []
-        encoding: Encoding = self.tokenizer.encode(value, add_special_tokens=False)
+        encoding: Encoding = self.tokenizer.encode_batch([value], add_special_tokens=False)[0]
         return [
             span
             for token_id, span in zip(encoding.ids, encoding.offsets, strict=True)
@@ -199,11 +202,11 @@ class TextTokenizer:
 
         def plain_ids(text: str) -> list[int]:
             text = placeholder.sub(lambda match: originals[int(match.group(1))], text)
-            return list(self._plain.encode(text, add_special_tokens=False).ids) if text else []
+            return list(self._plain.encode_batch([text], add_special_tokens=False)[0].ids) if text else []
 
         ids: list[int] = []
         last = 0
-        template_tokens = self.tokenizer.encode(rendered, add_special_tokens=False)
+        template_tokens = self.tokenizer.encode_batch([rendered], add_special_tokens=False)[0]
         for token_id, (start, end) in zip(template_tokens.ids, template_tokens.offsets, strict=True):
             if token_id in self._special_ids:
                 ids += [*plain_ids(rendered[last:start]), token_id]
