@@ -426,6 +426,11 @@ class LLMEngine:
         With nothing running, the head of the queue (the request being admitted) is failed instead, so a
         fault that repeats every step still makes progress through the queue instead of spinning.
         """
+        if isinstance(error, ValueError):
+            # Only a per-request stage can blame the request's input (400); out here the engine is at fault.
+            internal = RuntimeError(f"{type(error).__name__}: {error}")
+            internal.__cause__ = error
+            error = internal
         suspects = list(self.scheduler.running) or list(self.scheduler.waiting)[:1]
         client_ids = dict.fromkeys(
             self._tracks[r.request_id].client_id for r in suspects if r.request_id in self._tracks

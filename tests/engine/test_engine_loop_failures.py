@@ -154,9 +154,13 @@ def test_a_fault_outside_the_per_request_guards_fails_the_running_batch_not_the_
     for rid, prompt in PROMPTS.items():
         engine.add_request(rid, prompt, healthy(rid))
     run_steps(engine, 2)
-    outputs = engine.fail_in_flight(RuntimeError("bookkeeping fault"))
+    outputs = engine.fail_in_flight(ValueError("bookkeeping fault"))
     assert sorted(out.request_id for out in outputs) == ["ok0", "ok1"]
-    assert all(out.finish_reason == "error" and out.error is not None for out in outputs)
+    assert all(out.finish_reason == "error" for out in outputs)
+    # A ValueError out here is the engine's fault, not the input's: it must not become a 400.
+    assert all(
+        isinstance(out.error, RuntimeError) and "bookkeeping fault" in str(out.error) for out in outputs
+    )
     assert engine.counters.failures == {"step": 2}
     done = run_until_idle(engine)
     assert sorted(rid for rid, _ in done.choices) == ["ok2", "ok3"]
@@ -184,3 +188,13 @@ def test_the_sampler_hook_goes_through_the_engines_own_sampler(tiny_dir: Path) -
     setattr(engine.sampler, "sample_row", counting)  # noqa: B010
     generate(engine, {"s": PROMPTS["ok0"]}, lambda _: SamplingParams(max_tokens=3, ignore_eos=True, seed=1))
     assert len(calls) == 3
+
+
+def test_a_forward_fault_of_a_lone_request_fails_it_without_a_retry(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    raised = fail_chunks_with_the_marker(engine)
+    engine.add_request("bad", [1, 2, *FORWARD_MARKER], greedy(NEW_TOKENS))
+    done = run_until_idle(engine)
+    assert raised == [1]  # one chunk: retrying it alone would only repeat the same pass
+    assert done["bad"].finish_reason == "error" and engine.counters.failures == {"forward": 1}
+    assert_idle_and_all_free(engine)
