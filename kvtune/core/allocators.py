@@ -118,6 +118,9 @@ class KVAllocator(ABC):
     def on_computed(self, req: Request) -> None:  # noqa: B027 (an optional hook, not abstract)
         """Called after `req.num_computed_tokens` advanced: lets a caching policy publish full blocks."""
 
+    def withdraw_unwritten(self, req: Request, num_written: int) -> None:  # noqa: B027 (optional hook)
+        """The runner failed to write `req`'s tokens from `num_written` on: unpublish any block holding them."""
+
     def fork(self, parent: Request, child: Request) -> bool:
         """Let `child` share `parent`'s KV (n > 1 sampling). False when the policy cannot share."""
         return False
@@ -254,6 +257,17 @@ class PagedAllocator(KVAllocator):
                 )
             self.pool.cache(blocks[b], hashes[b])
         self._num_published[rid] = n_full
+
+    def withdraw_unwritten(self, req: Request, num_written: int) -> None:
+        rid = req.request_id
+        blocks = self.blocks.get(rid)
+        if blocks is None or not self.enable_prefix_caching:
+            return
+        first = num_written // self.block_size
+        published = self._num_published[rid]
+        for b in range(first, published):
+            self.pool.uncache(blocks[b])
+        self._num_published[rid] = min(published, first)
 
     def free(self, req: Request) -> None:
         rid = req.request_id

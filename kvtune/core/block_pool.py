@@ -96,6 +96,15 @@ class BlockPool:
         self.block_hash[block] = block_hash
         self._cached.setdefault(block_hash, block)
 
+    def uncache(self, block: int) -> None:
+        """Forget what `block` holds (its contents were never written), so no lookup can return it."""
+        block_hash = self.block_hash[block]
+        if block_hash is None:
+            return
+        self.block_hash[block] = None
+        if self._cached.get(block_hash) == block:
+            del self._cached[block_hash]
+
     def check_invariants(self) -> None:
         """Assert the pool's bookkeeping is consistent (used by tests; O(num_blocks))."""
         free = set(self._free)

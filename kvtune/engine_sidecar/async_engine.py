@@ -28,8 +28,22 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# Default waiting-queue bound, in multiples of the live max_num_seqs. A waiting request starts only when a
+# running one ends, so at 4x the newest waits behind about four full batches: past that, queueing only adds
+# latency and memory, and a 429 lets the client (or a load balancer) back off or go to another replica.
+DEFAULT_WAITING_PER_SEQ = 4
+# --max-waiting-requests UNLIMITED_WAITING turns the bound off.
+UNLIMITED_WAITING = -1
+# Seconds a refused client is told to wait (Retry-After): about one batch's worth of tokens on a busy engine.
+RETRY_AFTER_SECONDS = 1
+
+
 class EngineOverloadedError(Exception):
-    """The waiting queue is full; the client should retry later (HTTP 503)."""
+    """The waiting queue is full; the client should retry after `retry_after` seconds (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int = RETRY_AFTER_SECONDS) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class EngineDeadError(Exception):
@@ -37,7 +51,21 @@ class EngineDeadError(Exception):
 
 
 class RequestFailedError(Exception):
-    """The engine failed while running this request; it was dropped and the engine kept serving."""
+    """The engine failed while running this request; it was dropped and the engine kept serving.
+
+    `status` is 400 when the request's own input was at fault (a ValueError), else 500 (an internal fault):
+    never 503, which clients read as "overloaded, retry".
+    """
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @classmethod
+    def of(cls, error: Exception) -> RequestFailedError:
+        if isinstance(error, ValueError):
+            return cls(f"the engine could not run this request: {error}", 400)
+        return cls(f"the engine failed while running this request: {error}", 500)
 
 
 @dataclass
@@ -58,6 +86,7 @@ class EngineStats:
     max_tokens_cap: int | None
     finished: list[FinishedStats] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
+    rejected: dict[str, int] = field(default_factory=dict)  # refused at admission, by reason (monotonic)
 
 
 def snapshot(engine: LLMEngine, drain: bool) -> EngineStats:
@@ -73,6 +102,7 @@ def snapshot(engine: LLMEngine, drain: bool) -> EngineStats:
             generation_tokens=c.generation_tokens,
             capped_requests=c.capped_requests,
             finished=dict(c.finished),
+            failures=dict(c.failures),
         ),
         num_running=engine.num_running,
         num_waiting=engine.num_waiting,
@@ -157,10 +187,15 @@ class AsyncEngine:
     """Serve an LLMEngine to asyncio code: `generate()` streams outputs, `call()` runs code on its thread."""
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
-        if max_waiting_requests is not None and max_waiting_requests < 0:
-            raise KvtuneError(f"--max-waiting-requests must be >= 0, got {max_waiting_requests}")
+        """`max_waiting_requests`: None bounds the queue at DEFAULT_WAITING_PER_SEQ x the live max_num_seqs,
+        UNLIMITED_WAITING (-1) does not bound it, 0 refuses every new request, N > 0 allows N waiting."""
+        if max_waiting_requests is not None and max_waiting_requests < UNLIMITED_WAITING:
+            raise KvtuneError(
+                f"--max-waiting-requests must be >= 0, or {UNLIMITED_WAITING} for no limit; got {max_waiting_requests}"
+            )
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
+        self._rejected: dict[str, int] = {}  # guarded by _pending_lock
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -222,14 +257,37 @@ class AsyncEngine:
         return self.submit(fn).result(timeout)
 
     # --- requests --------------------------------------------------------------------------------------
+    @property
+    def waiting_limit(self) -> int | None:
+        """The waiting-queue bound now (None: unbounded); the default follows the live max_num_seqs."""
+        configured = self.max_waiting_requests
+        if configured == UNLIMITED_WAITING:
+            return None
+        if configured is None:
+            return DEFAULT_WAITING_PER_SEQ * self.latest.max_num_seqs
+        return configured
+
     def check_capacity(self) -> None:
-        """Raise EngineOverloadedError when one more request would push the waiting queue over its limit."""
-        limit = self.max_waiting_requests
+        """Raise EngineOverloadedError when one more request would push the waiting queue over its limit.
+
+        Call with `_pending_lock` held. A refusal is counted and published promptly (a no-op command makes
+        the engine thread publish even when it is idle).
+        """
+        limit = self.waiting_limit
         waiting = self.latest.num_waiting + self._pending_adds
         if limit is not None and waiting >= limit:
+            self._rejected["queue_full"] = self._rejected.get("queue_full", 0) + 1
+            if self.is_running:
+                self._commands.put(lambda: None)
+                self._wake.set()
+            source = (
+                f"{DEFAULT_WAITING_PER_SEQ} x max_num_seqs (the default of --max-waiting-requests)"
+                if self.max_waiting_requests is None
+                else "--max-waiting-requests"
+            )
             raise EngineOverloadedError(
-                f"the server is overloaded: {waiting} requests are waiting and --max-waiting-requests is "
-                f"{limit}; retry later"
+                f"the server is overloaded: {waiting} requests are waiting and the limit is {limit}, "
+                f"{source}; retry later"
             )
 
     async def add_request(
@@ -238,7 +296,7 @@ class AsyncEngine:
         """Queue a request; returns its output stream once the engine has accepted it.
 
         Raises ValueError for a request the engine cannot run (the caller's 400) and EngineOverloadedError
-        when the waiting queue is full (503).
+        when the waiting queue is full (429).
         """
         with self._pending_lock:
             self.check_capacity()
@@ -290,9 +348,10 @@ class AsyncEngine:
             try:
                 outputs = engine.step()
             except Exception as err:
-                logger.exception("engine step failed; dropping the requests in flight and serving on")
-                self._fail_all(RequestFailedError(f"the engine failed while running this request: {err}"))
-                outputs = []
+                # step() fails single requests itself; this is a fault outside those guards (scheduling,
+                # bookkeeping). Fail the batch it was running, keep the queue, serve on.
+                logger.exception("engine step failed; failing the requests it was running and serving on")
+                outputs = self._fail_in_flight(err)
             self._dispatch(outputs)
             self._publish()
             if not outputs and engine.num_running == 0:
@@ -311,6 +370,14 @@ class AsyncEngine:
             ran = True
             command()
 
+    def _fail_in_flight(self, err: Exception) -> list[RequestOutput]:
+        try:
+            return self.engine.fail_in_flight(err)
+        except Exception:
+            logger.exception("failing the requests in flight failed too; dropping every request")
+            self._fail_all(RequestFailedError.of(err))
+            return []
+
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         by_request: dict[str, list[RequestOutput]] = {}
         for out in outputs:
@@ -318,6 +385,11 @@ class AsyncEngine:
         for request_id, items in by_request.items():
             stream = self._streams.get(request_id)
             if stream is None:
+                continue
+            error = next((out.error for out in items if out.error is not None), None)
+            if error is not None:
+                stream.push(RequestFailedError.of(error))
+                del self._streams[request_id]
                 continue
             stream.push(items)
             stream.unfinished_on_engine -= sum(1 for out in items if out.finished)
@@ -336,6 +408,7 @@ class AsyncEngine:
     def _publish(self) -> None:
         stats = snapshot(self.engine, drain=True)
         with self._pending_lock:
+            stats.rejected = dict(self._rejected)
             self.latest = stats
             self._pending_adds -= self._added_since_publish
             self._added_since_publish = 0

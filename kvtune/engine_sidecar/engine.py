@@ -4,10 +4,19 @@ One `step()` asks the scheduler for a batch, applies any copy-on-write block cop
 over every scheduled chunk (decodes first, then prefill chunks), samples a token for each sequence whose
 known tokens are all computed, and reports what each request gained. Preempted requests keep the tokens they
 already streamed and recompute prompt + output on readmission (vLLM V1), so no client sees a token twice.
+
+No request can fail another. The per-request parts of a step (sampling, stop checks, detokenizing) run
+per request, so an exception there fails that request alone. A forward pass that raises is retried once
+per scheduled sequence, alone: the sequences whose solo pass works go on with those logits (re-running a
+chunk rewrites the same cache slots with the same values, and `schedule()` already advanced
+`num_computed_tokens` for exactly that chunk), and only those whose solo pass raises too are failed, their
+blocks freed and withdrawn from the prefix cache (their KV was never written). A failed request ends with
+finish reason "error" (vLLM's FinishReason.ERROR), apart from client aborts.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +37,14 @@ from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
 from kvtune.engine_sidecar.tokenizer import load_tokenizer
 from kvtune.errors import KvtuneError
 
+logger = logging.getLogger(__name__)
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# vLLM's FinishReason.ERROR: the engine failed the request (counted apart from "abort", a client leaving).
+ERROR_FINISH_REASON = "error"
+# Where in a step a request failed (the label of kvtune:request_failures_total): its forward pass, its
+# sampling, its output handling (stop checks, detokenizing), or elsewhere in the step.
+FAILURE_STAGES = ("forward", "sampling", "output", "step")
 
 
 @dataclass
@@ -45,6 +61,7 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int
     logprobs: TokenLogprobs | None = None  # only for requests that asked, and not for a hidden end token
+    error: Exception | None = None  # set when the request failed: finish_reason is then "error"
 
 
 @dataclass
@@ -71,6 +88,7 @@ class EngineCounters:
     generation_tokens: int = 0
     capped_requests: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # failed requests by the stage that raised
 
 
 @dataclass
@@ -284,15 +302,21 @@ class LLMEngine:
         order = sorted(range(len(out.requests)), key=lambda i: out.num_tokens[i] != 1)
         reqs = [out.requests[i] for i in order]
         counts = [out.num_tokens[i] for i in order]
-        chunks = []
-        for req, n in zip(reqs, counts, strict=True):
-            start = req.num_computed_tokens - n
-            tokens = req.all_token_ids()[start : start + n] if n > 1 else [req.token_at(start)]
-            chunks.append(ScheduledChunk(tokens, start, self.allocator.block_table(req)))
-        batch = build_batch(chunks, self.cache.block_size, self.device, self.max_model_len)
-        with torch.inference_mode():
-            logits = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache)
-        rows = [i for i, req in enumerate(reqs) if req.num_computed_tokens == req.num_tokens]
+        logits, faults = self._forward(reqs, counts)
+        outputs: list[RequestOutput] = []
+        failed_clients = {self._tracks[reqs[i].request_id].client_id: err for i, err in faults.items()}
+        for i in faults:
+            # Its chunk's KV was never written: no later request may take those blocks as a prefix hit.
+            self.allocator.withdraw_unwritten(reqs[i], reqs[i].num_computed_tokens - counts[i])
+        for client_id, err in failed_clients.items():
+            outputs += self.fail_request(client_id, err, "forward")
+        rows = [
+            i
+            for i, req in enumerate(reqs)
+            if i not in faults
+            and req.status is RequestStatus.RUNNING
+            and req.num_computed_tokens == req.num_tokens
+        ]
         sampling = [reqs[i] for i in rows]
         row_logits = logits[rows]
         # n > 1: a parent's first sample is where its choices split; they share its blocks from here.
@@ -310,11 +334,118 @@ class LLMEngine:
             row_logits = torch.cat([row_logits, row_logits[extra_rows]])
         tracks = [self._tracks[r.request_id] for r in sampling]
         tokens = self.sampler.sample(row_logits, [t.params for t in tracks], [t.generator for t in tracks])
-        logprobs = sampled_logprobs(row_logits, tokens, [t.params.logprobs for t in tracks])
-        outputs = [
-            self._append(req, track, token, now, token_logprobs)
-            for req, track, token, token_logprobs in zip(sampling, tracks, tokens, logprobs, strict=True)
+        wanted = [
+            None if isinstance(tok, Exception) else t.params.logprobs
+            for tok, t in zip(tokens, tracks, strict=True)
         ]
+        sampled = [0 if isinstance(tok, Exception) else tok for tok in tokens]
+        logprobs = sampled_logprobs(row_logits, sampled, wanted)
+        for req, track, token, token_logprobs in zip(sampling, tracks, tokens, logprobs, strict=True):
+            if req.status is RequestStatus.FINISHED:
+                continue  # another choice of the same client request failed earlier in this loop
+            if isinstance(token, Exception):
+                outputs += self.fail_request(track.client_id, token, "sampling")
+                continue
+            try:
+                outputs.append(self._append(req, track, token, now, token_logprobs))
+            except Exception as err:
+                outputs += self.fail_request(track.client_id, err, "output")
+        return self._drain_finished(outputs)
+
+    def _forward(self, reqs: list[Request], counts: list[int]) -> tuple[torch.Tensor, dict[int, Exception]]:
+        """Next-token logits of every scheduled chunk, and the chunks whose forward pass raised.
+
+        The batch runs as one pass; if that raises, each chunk runs alone so that only the chunks that
+        fail on their own are reported (their rows of the returned logits are zeros, never read).
+        """
+        chunks = []
+        for req, n in zip(reqs, counts, strict=True):
+            start = req.num_computed_tokens - n
+            tokens = req.all_token_ids()[start : start + n] if n > 1 else [req.token_at(start)]
+            chunks.append(ScheduledChunk(tokens, start, self.allocator.block_table(req)))
+        try:
+            return self._run_model(chunks), {}
+        except Exception as err:
+            if len(chunks) == 1:
+                logger.exception("the forward pass of %s failed", reqs[0].request_id)
+                return torch.zeros(1, self.model_config.vocab_size, device=self.device), {0: err}
+            logger.exception(
+                "a batched forward pass failed; retrying each of its %d chunks alone", len(chunks)
+            )
+        rows: list[torch.Tensor] = []
+        faults: dict[int, Exception] = {}
+        for i, chunk in enumerate(chunks):
+            try:
+                rows.append(self._run_model([chunk])[0])
+            except Exception as err:
+                logger.exception("the forward pass of %s failed on its own too", reqs[i].request_id)
+                faults[i] = err
+                rows.append(torch.zeros(self.model_config.vocab_size, device=self.device))
+        return torch.stack(rows), faults
+
+    def _run_model(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        batch = build_batch(chunks, self.cache.block_size, self.device, self.max_model_len)
+        with torch.inference_mode():
+            logits: torch.Tensor = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache)
+        return logits
+
+    # --- failures ------------------------------------------------------------------------------------
+    def fail_request(self, request_id: str, error: Exception, stage: str) -> list[RequestOutput]:
+        """End every choice of client request `request_id` with finish reason "error", freeing its blocks.
+
+        Returns the one output that carries `error` to the client (empty if the request is not live);
+        `stage` (forward, sampling, output, step) is what the failure counters are labelled with.
+        """
+        tracks = [(rid, t) for rid, t in self._tracks.items() if t.client_id == request_id]
+        if not tracks:
+            return []
+        first = self.scheduler.requests.get(tracks[0][0])
+        for rid, track in tracks:
+            for child in track.children:
+                self._tracks.pop(child.request_id, None)
+            track.children.clear()
+            req = self.scheduler.abort(rid)
+            if req is not None:
+                self._record_finished(req, track, ERROR_FINISH_REASON)
+                self._tracks.pop(rid, None)
+            elif all(r.request_id != rid for r in self.scheduler.finished):
+                self._tracks.pop(rid, None)  # a choice still queued on its parent, never scheduled
+            # else: a choice that finished normally earlier in this step; _drain_finished records it
+        self.counters.failures[stage] = self.counters.failures.get(stage, 0) + 1
+        head = tracks[0][1]
+        return [
+            RequestOutput(
+                request_id=request_id,
+                index=0,
+                new_token_ids=[],
+                new_text="",
+                finished=True,
+                finish_reason=ERROR_FINISH_REASON,
+                num_prompt_tokens=first.num_prompt_tokens if first is not None else 0,
+                num_output_tokens=len(first.output_token_ids) if first is not None else 0,
+                num_cached_tokens=head.num_cached_tokens,
+                error=error,
+            )
+        ]
+
+    def fail_in_flight(self, error: Exception) -> list[RequestOutput]:
+        """A step raised outside the per-request guards: fail the requests it was running, not the queue.
+
+        With nothing running, the head of the queue (the request being admitted) is failed instead, so a
+        fault that repeats every step still makes progress through the queue instead of spinning.
+        """
+        if isinstance(error, ValueError):
+            # Only a per-request stage can blame the request's input (400); out here the engine is at fault.
+            internal = RuntimeError(f"{type(error).__name__}: {error}")
+            internal.__cause__ = error
+            error = internal
+        suspects = list(self.scheduler.running) or list(self.scheduler.waiting)[:1]
+        client_ids = dict.fromkeys(
+            self._tracks[r.request_id].client_id for r in suspects if r.request_id in self._tracks
+        )
+        outputs: list[RequestOutput] = []
+        for client_id in client_ids:
+            outputs += self.fail_request(client_id, error, "step")
         return self._drain_finished(outputs)
 
     def _append(
@@ -359,8 +490,9 @@ class LLMEngine:
                 self._record_finished(req, track)
         return outputs
 
-    def _record_finished(self, req: Request, track: _Track) -> None:
-        reason = req.finish_reason.value if req.finish_reason else FinishReason.ABORT.value
+    def _record_finished(self, req: Request, track: _Track, reason: str | None = None) -> None:
+        if reason is None:
+            reason = req.finish_reason.value if req.finish_reason else FinishReason.ABORT.value
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
         now = time.monotonic()
         started = track.scheduled_at if track.scheduled_at is not None else now

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.engine_sidecar.async_engine import EngineStats
-from kvtune.engine_sidecar.engine import LLMEngine
+from kvtune.engine_sidecar.engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ENGINE_INDEX = "0"  # one engine per server; vLLM labels data-parallel ranks the same way
@@ -141,6 +141,14 @@ class EngineMetrics:
         self.capped_requests = counter(
             "kvtune:capped_requests", "Requests whose max_tokens the server-side cap lowered."
         )
+        self.request_failures = counter(
+            "kvtune:request_failures",
+            "Requests the engine failed (finished_reason=error), by the stage of the step that raised.",
+            ("reason",),
+        )
+        self.rejected_requests = counter(
+            "kvtune:rejected_requests", "Requests refused before queueing (HTTP 429), by reason.", ("reason",)
+        )
         # Create every labelled series now, so a scrape before any traffic already shows each name.
         for metric in (
             self.kv_cache_usage, self.running, self.waiting, self.preemptions, self.prefix_queries,
@@ -150,8 +158,11 @@ class EngineMetrics:
             self.max_tokens_cap, self.capped_requests,
         ):  # fmt: skip
             metric.labels(**self.labels)
-        for reason in ("stop", "length", "abort"):
+        for reason in ("stop", "length", "abort", ERROR_FINISH_REASON):
             self.request_success.labels(**self.labels, finished_reason=reason)
+        for stage in FAILURE_STAGES:
+            self.request_failures.labels(**self.labels, reason=stage)
+        self.rejected_requests.labels(**self.labels, reason="queue_full")
 
     def _add(self, key: str, counter: Counter, total: int, **extra: str) -> None:
         """Advance `counter` to the engine's cumulative `total` (never backwards)."""
@@ -180,6 +191,10 @@ class EngineMetrics:
             self._add("capped", self.capped_requests, c.capped_requests)
             for reason, count in c.finished.items():
                 self._add(f"finished:{reason}", self.request_success, count, finished_reason=reason)
+            for stage, count in c.failures.items():
+                self._add(f"failed:{stage}", self.request_failures, count, reason=stage)
+            for reason, count in stats.rejected.items():
+                self._add(f"rejected:{reason}", self.rejected_requests, count, reason=reason)
             for fin in stats.finished:
                 if fin.time_to_first_token is not None:
                     self.ttft.labels(**labels).observe(fin.time_to_first_token)

@@ -58,15 +58,24 @@ T = TypeVar("T")
 class ApiError(Exception):
     """An error the client caused or should hear about, sent as an OpenAI-style body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.status, self.message, self.param, self.code), self.status)
+        body = error_body(self.status, self.message, self.param, self.code)
+        return JSONResponse(body, self.status, headers=self.headers)
 
 
 class ClientGoneError(Exception):
@@ -245,11 +254,14 @@ class OpenAIServing:
             return await self.async_engine.add_request(request_id, prompt_ids, params)
         except (ValueError, KvtuneError) as err:
             raise ApiError(400, str(err)) from None
-        except (EngineOverloadedError, EngineDeadError) as err:
+        except EngineOverloadedError as err:
+            retry = {"Retry-After": str(err.retry_after)}
+            raise ApiError(429, str(err), code="rate_limit_exceeded", headers=retry) from None
+        except EngineDeadError as err:
             raise ApiError(503, str(err), code="server_overloaded") from None
-        except Exception as err:  # a bug met while queueing: refuse this request, keep serving the rest
+        except Exception as err:  # a bug met while queueing: fail this request (a fault, not overload)
             logger.exception("the engine could not queue %s", request_id)
-            raise ApiError(503, f"the engine could not accept this request: {err}") from None
+            raise ApiError(500, f"the engine could not accept this request: {err}") from None
 
     # --- /v1/completions --------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -317,7 +329,7 @@ class OpenAIServing:
                             CompletionResponse(id=stream.request_id, model=self.model_name, choices=[choice])
                         )
             except RequestFailedError as err:
-                yield _sse(error_body(503, str(err)))
+                yield _sse(error_body(err.status, str(err)))
                 yield "data: [DONE]\n\n"
                 return
         if include_usage:
@@ -388,7 +400,7 @@ class OpenAIServing:
                             )
                         )
             except RequestFailedError as err:
-                yield _sse(error_body(503, str(err)))
+                yield _sse(error_body(err.status, str(err)))
                 yield "data: [DONE]\n\n"
                 return
         if include_usage:
@@ -414,6 +426,6 @@ class OpenAIServing:
         try:
             return await unless_disconnected(request, gather())
         except RequestFailedError as err:
-            raise ApiError(503, str(err)) from None
+            raise ApiError(err.status, str(err)) from None
         finally:
             stream.abort()

@@ -352,6 +352,7 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_exceeded",
     500: "internal_server_error",
     503: "server_overloaded",
 }

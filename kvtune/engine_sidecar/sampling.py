@@ -2,6 +2,12 @@
 
 Each request that asks for a seed gets its own torch.Generator, so its tokens do not depend on which other
 requests share the batch: the same request with the same seed samples the same text under any load.
+
+The sampler is numerically safe for every parameter `validate` accepts and for any logits the model
+produces (NaN and inf included): it works on float32 log-probabilities, where dividing by a temperature
+can only push values towards -inf, and the row's best token always survives the top-k / top-p filters, so
+the distribution handed to `torch.multinomial` is never empty and never NaN. One row's failure is reported
+for that row only (see `Sampler.sample`), so one request can never take a batch down with it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from kvtune.engine_sidecar.logprobs import MAX_TOP_LOGPROBS
 MAX_STOP_STRINGS = 16
 # Below this temperature sampling is argmax (vLLM's _SAMPLING_EPS); dividing by it would overflow to inf/nan.
 GREEDY_TEMPERATURE = 1e-5
+# top_p is compared with float32 cumulative probabilities: below ~7e-46 it rounds to 0 and used to drop
+# every token. Any top_p this small already keeps only the best token, so it is raised to this floor.
+MIN_TOP_P = 1e-9
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass
@@ -33,7 +43,11 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError with a message a client can act on."""
+        """Raise ValueError with a message a client can act on; normalise what is valid but extreme.
+
+        Normalising: top_p below MIN_TOP_P becomes MIN_TOP_P and a top_k that covers the whole vocabulary
+        becomes -1 (off); neither changes which tokens can be sampled.
+        """
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not 0.0 <= self.temperature <= 100.0:
@@ -54,25 +68,47 @@ class SamplingParams:
             raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}")
         if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids below {vocab_size}")
+        self.top_p = max(self.top_p, MIN_TOP_P)
+        if vocab_size is not None and self.top_k >= vocab_size:
+            self.top_k = -1
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+def _filter_top_k_top_p(logprobs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (with -inf) every token outside the top-k and outside the smallest set reaching top-p."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_k > 0 and top_k < logprobs.shape[-1]:
+        kth = torch.topk(logprobs, top_k).values[-1]
+        logprobs = logprobs.masked_fill(logprobs < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
+        sorted_logprobs, order = torch.sort(logprobs, descending=True)
+        probs = torch.softmax(sorted_logprobs, dim=-1)
         # Drop a token when the mass before it already reaches top_p; the first token always stays.
         drop = torch.cumsum(probs, dim=-1) - probs >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    return logits
+        drop[0] = False
+        sorted_logprobs = sorted_logprobs.masked_fill(drop, float("-inf"))
+        logprobs = torch.empty_like(logprobs).scatter_(0, order, sorted_logprobs)
+    return logprobs
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from one row of logits under `params`; any row of any values gives a valid token id.
+
+    NaN logits count as impossible tokens and +inf as the largest float. The row is turned into
+    log-probabilities (max 0) before the temperature divides it, so nothing overflows; the best token is
+    put back after filtering, so at least one token always has probability 1 before normalisation.
+    """
+    row = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=_FLOAT32_MAX)
+    best = int(row.argmax())
+    if params.greedy or not torch.isfinite(row[best]):
+        return best  # greedy, or every logit is -inf/NaN: no distribution to draw from
+    scaled = torch.log_softmax(row, dim=-1) / params.temperature
+    filtered = _filter_top_k_top_p(scaled, params.top_k, params.top_p)
+    filtered[best] = scaled[best]
+    probs = torch.softmax(filtered, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
 class Sampler:
@@ -83,13 +119,24 @@ class Sampler:
         logits: torch.Tensor,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
-    ) -> list[int]:
+    ) -> list[int | Exception]:
+        """The token of each row, or the exception that row's sampling raised (for that row only).
+
+        Greedy rows share one argmax over the batch; a sampled row runs alone with its own generator, so a
+        failing row changes neither the tokens nor the generator state of any other row.
+        """
         logits = logits.float()
-        out = logits.argmax(dim=-1).tolist()
+        out: list[int | Exception] = list(logits.argmax(dim=-1).tolist())
         for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
             if p.greedy:
                 continue
-            scaled = _filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
-            probs = torch.softmax(scaled, dim=-1)
-            out[row] = int(torch.multinomial(probs, 1, generator=gen).item())
+            try:
+                out[row] = self.sample_row(logits[row], p, gen)
+            except Exception as err:  # reported per row; the engine fails that request alone
+                out[row] = err
         return out
+
+    def sample_row(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> int:
+        return sample_row(logits, params, generator)

@@ -61,7 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allocator", default="paged", choices=sorted(POLICIES))
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument(
-        "--max-waiting-requests", type=int, help="refuse new requests (503) beyond this queue"
+        "--max-waiting-requests",
+        type=int,
+        help="refuse new requests (429, Retry-After) once this many wait; default 4 x the live max_num_seqs "
+        "(the admin API can change it); -1: no limit; 0: refuse every new request",
     )
     parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
     parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
@@ -144,8 +147,10 @@ def build_server(args: argparse.Namespace) -> Server:
         raise KvtuneError(f"--threads must be positive, got {args.threads}")
     if args.log_stats_interval < 0:
         raise KvtuneError(f"--log-stats-interval must be >= 0, got {args.log_stats_interval}")
-    if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
-        raise KvtuneError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
+    if args.max_waiting_requests is not None and args.max_waiting_requests < -1:
+        raise KvtuneError(
+            f"--max-waiting-requests must be >= 0, or -1 for no limit; got {args.max_waiting_requests}"
+        )
     if args.max_request_body_bytes < 1:
         raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None

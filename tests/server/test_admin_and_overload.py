@@ -1,16 +1,20 @@
-"""The operator's levers (admin API) and the waiting-queue limit (503)."""
+"""The operator's levers (admin API) and the waiting-queue limit (429 with Retry-After)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.live_server import ADMIN_TOKEN, LiveServer, scrape, total
+from kvtune.cli import main
+from kvtune.engine_sidecar.async_engine import DEFAULT_WAITING_PER_SEQ, UNLIMITED_WAITING, AsyncEngine
+from tests.server.live_server import ADMIN_TOKEN, LiveServer, scrape, start_server, total
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -114,7 +118,7 @@ def test_lowering_max_num_seqs_evicts_nobody(
     assert server.counters().num_preemptions == preempted
 
 
-def test_waiting_queue_over_the_limit_gets_503(narrow_server: LiveServer) -> None:
+def test_waiting_queue_over_the_limit_gets_429(narrow_server: LiveServer) -> None:
     """max_num_seqs 1 and --max-waiting-requests 1: one runs, one waits, the third is refused."""
     body = {"prompt": "w" * 30, "max_tokens": 600, "ignore_eos": True, "stream": True}
     latest = narrow_server.built.async_engine
@@ -134,17 +138,75 @@ def test_waiting_queue_over_the_limit_gets_503(narrow_server: LiveServer) -> Non
         with http.stream("POST", "/v1/completions", json=body) as waiting:
             assert waiting.status_code == 200
             wait_until(lambda: latest.latest.num_waiting == 1)
+            rejected_before = total(scrape(http), "kvtune:rejected_requests_total")
             refused = httpx.post(f"{narrow_server.url}/v1/completions", json={**body, "stream": False})
-            assert refused.status_code == 503
+            assert refused.status_code == 429
+            assert int(refused.headers["Retry-After"]) >= 1
             error = refused.json()["error"]
             assert "--max-waiting-requests" in error["message"] and "retry" in error["message"]
+            assert error["type"] == error["code"] == "rate_limit_exceeded"
             refused_chat = httpx.post(
                 f"{narrow_server.url}/v1/chat/completions",
                 json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
             )
-            assert refused_chat.status_code == 503
+            assert refused_chat.status_code == 429
+            wait_until(lambda: total(scrape(http), "kvtune:rejected_requests_total") == rejected_before + 2)
     narrow_server.wait_idle()
     assert narrow_server.blocks_held() == 0
     with httpx.Client(base_url=narrow_server.url, timeout=60) as http:
         ok = http.post("/v1/completions", json={"prompt": "after", "max_tokens": 2})
         assert ok.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def default_bound_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """No --max-waiting-requests: the queue is bounded at 4 x the live max_num_seqs (1 at boot)."""
+    token_file = tmp_path_factory.mktemp("admin-bound") / "token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    live = start_server(
+        tiny_dir, "--kv-cache-tokens", "1024", "--max-num-seqs", "1", "--admin-token-file", str(token_file)
+    )
+    yield live
+    live.stop()
+
+
+def wait_until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 20
+    while not check():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_the_default_queue_bound_follows_the_live_max_num_seqs(default_bound_server: LiveServer) -> None:
+    engine = default_bound_server.built.async_engine
+    assert engine.waiting_limit == DEFAULT_WAITING_PER_SEQ * 1
+    body = {"prompt": "w" * 30, "max_tokens": 600, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=default_bound_server.url, timeout=60) as http:
+        assert http.patch("/admin/config", json={"max_num_seqs": 2}, headers=AUTH).status_code == 200
+        wait_until(lambda: engine.waiting_limit == DEFAULT_WAITING_PER_SEQ * 2)
+        assert http.patch("/admin/config", json={"max_num_seqs": 1}, headers=AUTH).status_code == 200
+        wait_until(lambda: engine.waiting_limit == DEFAULT_WAITING_PER_SEQ)
+        with contextlib.ExitStack() as streams:
+            for _ in range(1 + DEFAULT_WAITING_PER_SEQ):
+                assert (
+                    streams.enter_context(http.stream("POST", "/v1/completions", json=body)).status_code
+                    == 200
+                )
+            wait_until(lambda: engine.latest.num_running == 1)
+            wait_until(lambda: engine.latest.num_waiting == DEFAULT_WAITING_PER_SEQ)
+            refused = http.post("/v1/completions", json={**body, "stream": False})
+            assert refused.status_code == 429 and "Retry-After" in refused.headers
+            assert "4 x max_num_seqs" in refused.json()["error"]["message"]
+    default_bound_server.wait_idle()
+    assert default_bound_server.blocks_held() == 0
+
+
+def test_waiting_limit_flag_values(
+    server: LiveServer, tiny_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-1 lifts the bound, 0 refuses every new request (as before), below -1 is a one-line error."""
+    assert server.on_engine(lambda e: AsyncEngine(e, UNLIMITED_WAITING).waiting_limit) is None
+    assert server.on_engine(lambda e: AsyncEngine(e, 0).waiting_limit) == 0
+    assert server.built.async_engine.waiting_limit == 64  # the fixture's explicit flag wins
+    assert main(["serve", "--model", str(tiny_dir), "--max-waiting-requests", "-2"]) == 2
+    assert "--max-waiting-requests must be >= 0, or -1 for no limit" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""The engine thread survives anything a request provokes: the affected requests fail with a JSON 503 (a
-retryable error, never a bare 500) and the server keeps serving with every block free."""
+"""The engine thread survives anything a request provokes: the affected requests fail with a JSON 500
+(internal_server_error: an engine fault is not overload, so clients must not read it as "retry") and the
+server keeps serving with every block free."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(
     server.wait_idle()
     server.on_engine(fail_next_step)
     response = client.post("/v1/completions", json={"prompt": "boom", "max_tokens": 5})
-    assert response.status_code == 503
+    assert response.status_code == 500
     assert "injected failure" in response.json()["error"]["message"]
+    assert response.json()["error"]["type"] == "internal_server_error"
     assert_serving(client, server)
 
 
@@ -65,14 +67,18 @@ def test_a_failing_step_ends_a_stream_with_an_error_event(client: httpx.Client, 
         assert r.status_code == 200
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    assert "injected failure" in json.loads(events[-2])["error"]["message"]
+    error = json.loads(events[-2])["error"]
+    assert "injected failure" in error["message"] and error["type"] == "internal_server_error"
     assert_serving(client, server)
 
 
-def test_a_failing_add_is_refused_without_a_500(client: httpx.Client, server: LiveServer) -> None:
+def test_a_failing_add_fails_that_request_as_a_fault(client: httpx.Client, server: LiveServer) -> None:
+    """An engine fault is a 500, never a 503 that clients would retry as overload (issue 11)."""
     server.on_engine(fail_next_add)
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-    assert response.status_code == 503 and "injected add failure" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert response.status_code == 500 and error["type"] == "internal_server_error"
+    assert "injected add failure" in error["message"]
     assert_serving(client, server)
 
 
