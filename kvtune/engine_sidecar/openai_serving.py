@@ -258,7 +258,7 @@ class OpenAIServing:
             retry = {"Retry-After": str(err.retry_after)}
             raise ApiError(429, str(err), code="rate_limit_exceeded", headers=retry) from None
         except EngineDeadError as err:
-            raise ApiError(503, str(err), code="server_overloaded") from None
+            raise ApiError(503, str(err), code="engine_not_running") from None
         except Exception as err:  # a bug met while queueing: fail this request (a fault, not overload)
             logger.exception("the engine could not queue %s", request_id)
             raise ApiError(500, f"the engine could not accept this request: {err}") from None

@@ -354,7 +354,7 @@ ERROR_TYPES = {
     422: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "internal_server_error",
-    503: "server_overloaded",
+    503: "service_unavailable",
 }
 
 
