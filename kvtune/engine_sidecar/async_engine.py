@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-# Default waiting-queue bound, in multiples of the live max_num_seqs. A waiting request starts only when a
+# Default waiting-queue bound, in multiples of the boot max_num_seqs. A waiting request starts only when a
 # running one ends, so at 4x the newest waits behind about four full batches: past that, queueing only adds
 # latency and memory, and a 429 lets the client (or a load balancer) back off or go to another replica.
 DEFAULT_WAITING_PER_SEQ = 4
@@ -187,7 +187,7 @@ class AsyncEngine:
     """Serve an LLMEngine to asyncio code: `generate()` streams outputs, `call()` runs code on its thread."""
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
-        """`max_waiting_requests`: None bounds the queue at DEFAULT_WAITING_PER_SEQ x the live max_num_seqs,
+        """`max_waiting_requests`: None bounds the queue at DEFAULT_WAITING_PER_SEQ x the boot max_num_seqs,
         UNLIMITED_WAITING (-1) does not bound it, 0 refuses every new request, N > 0 allows N waiting."""
         if max_waiting_requests is not None and max_waiting_requests < UNLIMITED_WAITING:
             raise KvtuneError(
@@ -195,6 +195,9 @@ class AsyncEngine:
             )
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
+        # The default bound is sized from the max_num_seqs the deployment declared, not the live value: when
+        # the operator lowers max_num_seqs to stop preemptions, queued work must not turn into refusals.
+        self._default_waiting_limit = DEFAULT_WAITING_PER_SEQ * engine.max_num_seqs
         self._rejected: dict[str, int] = {}  # guarded by _pending_lock
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -259,12 +262,12 @@ class AsyncEngine:
     # --- requests --------------------------------------------------------------------------------------
     @property
     def waiting_limit(self) -> int | None:
-        """The waiting-queue bound now (None: unbounded); the default follows the live max_num_seqs."""
+        """The waiting-queue bound (None: unbounded); the default is sized from the boot max_num_seqs."""
         configured = self.max_waiting_requests
         if configured == UNLIMITED_WAITING:
             return None
         if configured is None:
-            return DEFAULT_WAITING_PER_SEQ * self.latest.max_num_seqs
+            return self._default_waiting_limit
         return configured
 
     def check_capacity(self) -> None:

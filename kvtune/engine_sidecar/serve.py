@@ -63,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-waiting-requests",
         type=int,
-        help="refuse new requests (429, Retry-After) once this many wait; default 4 x the live max_num_seqs "
-        "(the admin API can change it); -1: no limit; 0: refuse every new request",
+        help="refuse new requests (429, Retry-After) once this many wait; default 4 x --max-num-seqs "
+        "(retuning max_num_seqs live leaves it as it is); -1: no limit; 0: refuse every new request",
     )
     parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
     parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")

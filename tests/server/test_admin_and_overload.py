@@ -160,7 +160,7 @@ def test_waiting_queue_over_the_limit_gets_429(narrow_server: LiveServer) -> Non
 
 @pytest.fixture(scope="module")
 def default_bound_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """No --max-waiting-requests: the queue is bounded at 4 x the live max_num_seqs (1 at boot)."""
+    """No --max-waiting-requests: the queue is bounded at 4 x the boot max_num_seqs (1)."""
     token_file = tmp_path_factory.mktemp("admin-bound") / "token"
     token_file.write_text(ADMIN_TOKEN + "\n")
     live = start_server(
@@ -177,15 +177,19 @@ def wait_until(check: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
-def test_the_default_queue_bound_follows_the_live_max_num_seqs(default_bound_server: LiveServer) -> None:
+def test_the_default_queue_bound_is_sized_from_the_boot_max_num_seqs(
+    default_bound_server: LiveServer,
+) -> None:
+    """The operator retuning max_num_seqs must not turn queued work into 429s: the bound stays put."""
     engine = default_bound_server.built.async_engine
     assert engine.waiting_limit == DEFAULT_WAITING_PER_SEQ * 1
     body = {"prompt": "w" * 30, "max_tokens": 600, "ignore_eos": True, "stream": True}
     with httpx.Client(base_url=default_bound_server.url, timeout=60) as http:
         assert http.patch("/admin/config", json={"max_num_seqs": 2}, headers=AUTH).status_code == 200
-        wait_until(lambda: engine.waiting_limit == DEFAULT_WAITING_PER_SEQ * 2)
+        wait_until(lambda: engine.latest.max_num_seqs == 2)
+        assert engine.waiting_limit == DEFAULT_WAITING_PER_SEQ * 1
         assert http.patch("/admin/config", json={"max_num_seqs": 1}, headers=AUTH).status_code == 200
-        wait_until(lambda: engine.waiting_limit == DEFAULT_WAITING_PER_SEQ)
+        wait_until(lambda: engine.latest.max_num_seqs == 1)
         with contextlib.ExitStack() as streams:
             for _ in range(1 + DEFAULT_WAITING_PER_SEQ):
                 assert (
