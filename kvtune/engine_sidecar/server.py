@@ -62,8 +62,10 @@ def build_app(
     admin_token: str | None = None,
     log_stats_interval: float | None = 5.0,
     model_root: str | None = None,
+    include_admin: bool = True,
 ) -> FastAPI:
-    """The server around `async_engine`, whose thread starts and stops with the app's lifespan."""
+    """The server around `async_engine`, whose thread starts and stops with the app's lifespan.
+    `include_admin=False` leaves the admin routes to `build_admin_app` on a port of their own."""
     engine = async_engine.engine
     metrics = metrics or EngineMetrics(engine)
     metrics.update(async_engine.latest)
@@ -109,5 +111,15 @@ def build_app(
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    if include_admin:
+        app.include_router(build_admin_router(async_engine, admin_token))
+    return app
+
+
+def build_admin_app(async_engine: AsyncEngine, admin_token: str | None) -> FastAPI:
+    """Only the admin routes, for `--admin-port`: a port a NetworkPolicy can keep private. The engine's
+    lifecycle stays with the main app, which runs in the same process."""
+    app = FastAPI(title="kvtune admin", docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
     app.include_router(build_admin_router(async_engine, admin_token))
     return app
