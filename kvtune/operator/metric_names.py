@@ -58,6 +58,9 @@ REQUEST_GENERATION_TOKENS = "request_generation_tokens"
 REQUEST_MAX_TOKENS = "request_max_tokens"
 CACHE_CONFIG = "cache_config"
 
+# Gauges that are fractions: a value outside [0, 1] is corrupt, not a figure.
+RATIO_GAUGES = frozenset({KV_USAGE, KV_EFFECTIVE, CACHE_HIT_RATE_GAUGE})
+
 _G, _C, _H = Kind.GAUGE, Kind.COUNTER, Kind.HISTOGRAM
 
 # Exposed series name (colon spelling; counters with their `_total`) -> canonical.
