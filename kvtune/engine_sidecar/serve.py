@@ -120,6 +120,9 @@ def log_capacity(engine: LLMEngine) -> None:
     )
 
 
+UvicornServer = uvicorn.Server  # the name `uvicorn` is a field inside Server
+
+
 @dataclass
 class Server:
     """A built server: the engine, its thread wrapper, the app, and the uvicorn server that runs it."""
@@ -128,7 +131,7 @@ class Server:
     async_engine: AsyncEngine
     app: FastAPI
     uvicorn: uvicorn.Server
-    admin_uvicorn: uvicorn.Server | None = None  # with --admin-port: the admin API's own server
+    admin_uvicorn: UvicornServer | None = None  # with --admin-port: the admin API's own server
 
 
 def build_server(args: argparse.Namespace) -> Server:

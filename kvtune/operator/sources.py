@@ -14,7 +14,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.operator.metric_names import ENGINE_PREFIXES
+from kvtune.operator.metric_names import ENGINE_PREFIXES, PROCESS_SERIES
 from kvtune.operator.sample import NoData, SampleResult, Series, sample_from_series
 
 Clock = Callable[[], float]
@@ -90,7 +90,7 @@ class PrometheusSource:
         self.clock = clock
 
     def query(self) -> str:
-        names = "|".join(f"{prefix}[:_].+" for prefix in ENGINE_PREFIXES)
+        names = "|".join([*(f"{prefix}[:_].+" for prefix in ENGINE_PREFIXES), *PROCESS_SERIES])
         matchers = selector_matchers(self.selector)
         return "{" + f'__name__=~"{names}"' + (f",{matchers}" if matchers else "") + "}"
 
