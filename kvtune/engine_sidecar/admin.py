@@ -3,6 +3,8 @@
 Guarded by a bearer token read from a file, so the secret never appears on a command line. Without a token
 the routes do not exist at all (404), so an engine started without one cannot be retuned by anyone.
 Changes run on the engine thread between steps; lowering max_num_seqs evicts nobody, admission just waits.
+Every value has an upper bound the engine itself enforces (`LLMEngine.check_*`): max_num_seqs at most the
+pool's blocks, the cap at most max_model_len; `GET` returns the bounds so a client can stay inside them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from kvtune.engine_sidecar.async_engine import AsyncEngine
+from kvtune.engine_sidecar.async_engine import AsyncEngine, EngineDeadError
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.protocol import error_body
 from kvtune.engine_sidecar.request_body import read_json
@@ -24,9 +26,17 @@ from kvtune.errors import KvtuneError
 logger = logging.getLogger(__name__)
 
 
+class AdminBounds(BaseModel):
+    """The largest value each knob accepts on this engine."""
+
+    max_num_seqs: int
+    max_tokens_cap: int
+
+
 class AdminConfig(BaseModel):
     max_num_seqs: int
     max_tokens_cap: int | None
+    bounds: AdminBounds
 
 
 class AdminConfigPatch(BaseModel):
@@ -38,19 +48,39 @@ class AdminConfigPatch(BaseModel):
     max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
 
 
+def token_file_exposure(path: str | Path) -> str | None:
+    """A warning when group or others may read the token file (anyone on the host could retune the
+    engine), else None."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return None
+    if mode & 0o077 == 0:
+        return None
+    return (
+        f"--admin-token-file {path} is readable by group or others (mode {mode & 0o777:o}); "
+        f"restrict it with `chmod 600 {path}`"
+    )
+
+
 def read_token_file(path: str | Path) -> str:
-    """The admin bearer token: the file's content without surrounding whitespace (it must not be empty)."""
+    """The admin bearer token: the file's content without surrounding whitespace (it must not be empty).
+    Logs a warning when the file is open to group or others."""
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as err:
         raise KvtuneError(f"--admin-token-file {path}: {err.strerror or err}") from err
     if not token:
         raise KvtuneError(f"--admin-token-file {path} is empty")
+    exposure = token_file_exposure(path)
+    if exposure is not None:
+        logger.warning("%s", exposure)
     return token
 
 
 def _current(engine: LLMEngine) -> AdminConfig:
-    return AdminConfig(max_num_seqs=engine.max_num_seqs, max_tokens_cap=engine.max_tokens_cap)
+    bounds = AdminBounds(max_num_seqs=engine.max_num_seqs_limit, max_tokens_cap=engine.max_model_len)
+    return AdminConfig(max_num_seqs=engine.max_num_seqs, max_tokens_cap=engine.max_tokens_cap, bounds=bounds)
 
 
 def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRouter:
@@ -75,7 +105,10 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
     async def get_config(request: Request) -> JSONResponse:
         if not authorized(request):
             return unauthorized()
-        config = await async_engine.call(_current)
+        try:
+            config = await async_engine.call(_current)
+        except EngineDeadError as err:
+            return JSONResponse(error_body(503, str(err)), status_code=503)
         return JSONResponse(config.model_dump())
 
     @router.patch("/admin/config")
@@ -89,6 +122,10 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
         fields = patch.model_fields_set
 
         def apply(engine: LLMEngine) -> AdminConfig:
+            """Checks every field before changing any, so a rejected patch changes nothing."""
+            if patch.max_num_seqs is not None:
+                engine.check_max_num_seqs(patch.max_num_seqs)
+            engine.check_max_tokens_cap(patch.max_tokens_cap)
             if "max_num_seqs" in fields and patch.max_num_seqs is not None:
                 engine.set_max_num_seqs(patch.max_num_seqs)
             if "max_tokens_cap" in fields:
@@ -101,6 +138,8 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
             config = await async_engine.call(apply)
         except ValueError as err:
             return JSONResponse(error_body(400, str(err)), status_code=400)
+        except EngineDeadError as err:
+            return JSONResponse(error_body(503, str(err)), status_code=503)
         logger.info("admin: max_num_seqs=%d max_tokens_cap=%s", config.max_num_seqs, config.max_tokens_cap)
         return JSONResponse(config.model_dump())
 

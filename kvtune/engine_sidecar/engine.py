@@ -267,16 +267,40 @@ class LLMEngine:
     def max_num_seqs(self) -> int:
         return self.scheduler.config.max_num_seqs
 
-    def set_max_num_seqs(self, value: int) -> None:
-        """Takes effect at the next admission; lowering it evicts nobody, admission simply waits."""
+    @property
+    def max_num_seqs_limit(self) -> int:
+        """The most sequences the pool can hold at once: each running sequence needs at least one block."""
+        return self.cache.num_blocks
+
+    def check_max_num_seqs(self, value: int) -> None:
+        """ValueError naming the bound unless 1 <= value <= the pool's blocks (the one check of this knob)."""
         if value <= 0:
             raise ValueError(f"max_num_seqs must be positive, got {value}")
+        if value > self.max_num_seqs_limit:
+            raise ValueError(
+                f"max_num_seqs must be at most {self.max_num_seqs_limit} (the KV pool's blocks: each running "
+                f"sequence needs at least one), got {value}"
+            )
+
+    def check_max_tokens_cap(self, value: int | None) -> None:
+        """ValueError naming the bound unless the cap is None or 1 <= value <= max_model_len."""
+        if value is None:
+            return
+        if value <= 0:
+            raise ValueError(f"max_tokens_cap must be positive, got {value}")
+        if value > self.max_model_len:
+            raise ValueError(
+                f"max_tokens_cap must be at most max_model_len {self.max_model_len}, got {value}"
+            )
+
+    def set_max_num_seqs(self, value: int) -> None:
+        """Takes effect at the next admission; lowering it evicts nobody, admission simply waits."""
+        self.check_max_num_seqs(value)
         self.scheduler.config.max_num_seqs = value
 
     def set_max_tokens_cap(self, value: int | None) -> None:
         """Cap max_tokens of requests that arrive from now on (None: no cap)."""
-        if value is not None and value <= 0:
-            raise ValueError(f"max_tokens_cap must be positive, got {value}")
+        self.check_max_tokens_cap(value)
         self.max_tokens_cap = value
 
     # --- one step ------------------------------------------------------------------------------------

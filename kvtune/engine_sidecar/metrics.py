@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.engine_sidecar.async_engine import EngineStats
@@ -60,6 +60,8 @@ class EngineMetrics:
         self._lock = threading.Lock()
         self._last_counts: dict[str, int] = {}
         reg = self.registry
+        # process_start_time_seconds (as vLLM exports it): how the operator tells an engine restart
+        ProcessCollector(registry=reg)
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, LABELS, registry=reg)

@@ -9,6 +9,7 @@ start the same server in a thread on a socket of their choosing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
-from kvtune.engine_sidecar.server import build_app
+from kvtune.engine_sidecar.server import build_admin_app, build_app
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
 from kvtune.errors import KvtuneError
 
@@ -67,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(retuning max_num_seqs live leaves it as it is); -1: no limit; 0: refuse every new request",
     )
     parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
+    parser.add_argument(
+        "--admin-port", type=int, help="serve /admin/config on this port only (default: the main port)"
+    )
     parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
     parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
@@ -132,6 +136,9 @@ def log_capacity(engine: LLMEngine) -> None:
     )
 
 
+UvicornServer = uvicorn.Server  # the name `uvicorn` is a field inside Server
+
+
 @dataclass
 class Server:
     """A built server: the engine, its thread wrapper, the app, and the uvicorn server that runs it."""
@@ -140,6 +147,7 @@ class Server:
     async_engine: AsyncEngine
     app: FastAPI
     uvicorn: uvicorn.Server
+    admin_uvicorn: UvicornServer | None = None  # with --admin-port: the admin API's own server
 
 
 def build_server(args: argparse.Namespace) -> Server:
@@ -153,6 +161,13 @@ def build_server(args: argparse.Namespace) -> Server:
         )
     if args.max_request_body_bytes < 1:
         raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
+    if args.admin_port is not None:
+        if not args.admin_token_file:
+            raise KvtuneError("--admin-port needs --admin-token-file (without a token there is no admin API)")
+        if not 0 < args.admin_port < 65536 or args.admin_port == args.port:
+            raise KvtuneError(
+                f"--admin-port must be a free TCP port other than --port, got {args.admin_port}"
+            )
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     config = engine_config(args)
@@ -166,14 +181,34 @@ def build_server(args: argparse.Namespace) -> Server:
         log_stats_interval=args.log_stats_interval or None,
         model_root=config.model,
         max_request_body_bytes=args.max_request_body_bytes,
+        include_admin=args.admin_port is None,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
-    return Server(engine, async_engine, app, server)
+    admin = None
+    if args.admin_port is not None:
+        admin_app = build_admin_app(async_engine, token, args.max_request_body_bytes)
+        admin = uvicorn.Server(
+            uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
+        )
+    return Server(engine, async_engine, app, server, admin)
+
+
+async def serve_together(*servers: uvicorn.Server) -> None:
+    """Run the servers on one event loop; when one stops (a signal, a bind failure) the others stop too."""
+    tasks = [asyncio.create_task(server.serve()) for server in servers]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     server = build_server(args)
     logger.info("serving %s on http://%s:%d", server.engine.served_model_name, args.host, args.port)
-    server.uvicorn.run()
+    if server.admin_uvicorn is None:
+        server.uvicorn.run()
+    else:
+        logger.info("admin API on http://%s:%d only", args.host, args.admin_port)
+        asyncio.run(serve_together(server.uvicorn, server.admin_uvicorn))
     return 0

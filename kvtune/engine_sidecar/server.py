@@ -75,9 +75,11 @@ def build_app(
     log_stats_interval: float | None = 5.0,
     model_root: str | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    include_admin: bool = True,
 ) -> FastAPI:
     """The server around `async_engine`, whose thread starts and stops with the app's lifespan; request
-    bodies over `max_request_body_bytes` get a 413 before they are buffered."""
+    bodies over `max_request_body_bytes` get a 413 before they are buffered. `include_admin=False` leaves
+    the admin routes to `build_admin_app` on a port of their own."""
     engine = async_engine.engine
     metrics = metrics or EngineMetrics(engine)
     metrics.update(async_engine.latest)
@@ -124,7 +126,8 @@ def build_app(
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    app.include_router(build_admin_router(async_engine, admin_token))
+    if include_admin:
+        app.include_router(build_admin_router(async_engine, admin_token))
     install_openapi(
         app,
         {
@@ -134,4 +137,18 @@ def build_app(
         },
         admin_paths=("/admin/",),
     )
+    return app
+
+
+def build_admin_app(
+    async_engine: AsyncEngine,
+    admin_token: str | None,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+) -> FastAPI:
+    """Only the admin routes, for `--admin-port`: a port a NetworkPolicy can keep private. The engine's
+    lifecycle stays with the main app, which runs in the same process."""
+    app = FastAPI(title="kvtune admin", docs_url=None, redoc_url=None, openapi_url=None)
+    _install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_body_bytes)
+    app.include_router(build_admin_router(async_engine, admin_token))
     return app

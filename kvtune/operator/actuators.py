@@ -42,7 +42,7 @@ class KvtuneAdminActuator:
     def _call(self, method: str, body: dict[str, int | str | None] | None = None) -> ActuatorResult:
         try:
             response = httpx.request(method, self.url, json=body, headers=self.headers, timeout=self.timeout)
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
             return ActuatorResult(False, {}, f"admin API unreachable: {type(err).__name__}: {err}")
         if response.status_code != 200:
             return ActuatorResult(

@@ -17,7 +17,7 @@ from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.operator.sources import MetricsEndpoint, url_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         return run_in_cluster(args)
     if not args.target or not args.admin_token_file:
         raise KvtuneError("--local needs --target URL and --admin-token-file F")
+    problem = url_problem(args.target)
+    if problem is not None:
+        raise KvtuneError(f"--target: {problem}")
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")
     try:

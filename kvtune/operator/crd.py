@@ -165,6 +165,33 @@ class KnobValues(CamelModel):
     kv_cache_dtype: str | None = None
 
 
+NO_CAP = 0  # in DesiredValues: the operator wants no max_tokens cap (status cannot hold a meaningful null)
+
+
+class DesiredValues(CamelModel):
+    """The knob values the operator set and owns: re-applied whenever the engine does not hold them (an
+    engine restart, another replica, a restarted operator)."""
+
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_tokens_cap: int | None = Field(None, ge=0, description="0: no cap")
+    kv_cache_dtype: str | None = None
+
+    @staticmethod
+    def of(desired: tuple[tuple[str, int | str | None], ...]) -> DesiredValues | None:
+        if not desired:
+            return None
+        values = dict(desired)
+        if "max_tokens_cap" in values and values["max_tokens_cap"] is None:
+            values["max_tokens_cap"] = NO_CAP
+        return DesiredValues.model_validate(values)
+
+    def pairs(self) -> tuple[tuple[str, int | str | None], ...]:
+        values: dict[str, int | str | None] = dict(self.model_dump(exclude_none=True))
+        if values.get("max_tokens_cap") == NO_CAP:
+            values["max_tokens_cap"] = None
+        return tuple(sorted(values.items()))
+
+
 class FiguresModel(CamelModel):
     preemption_rate: float | None = None
     goodput: float | None = None
@@ -258,6 +285,9 @@ class KVTuningPolicyStatus(CamelModel):
     conditions: list[Condition] = Field(default_factory=list)
     current: KnobValues | None = None
     recommended: KnobValues | None = None
+    desired: DesiredValues | None = Field(
+        None, description="values the operator set and re-applies when the engine loses them"
+    )
     history: list[HistoryItem] = Field(default_factory=list, max_length=HISTORY_LIMIT)
     tuner_state: TunerStateModel | None = None
 
@@ -300,7 +330,10 @@ def state_to_status(state: TunerState) -> tuple[TunerStateModel, list[HistoryIte
 def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
     """The tuner state a previous run left in status (a fresh state when there is none)."""
     if status is None or status.tuner_state is None:
-        return TunerState(history=tuple(item.entry() for item in status.history) if status else ())
+        return TunerState(
+            history=tuple(item.entry() for item in status.history) if status else (),
+            desired=status.desired.pairs() if status and status.desired else (),
+        )
     saved = status.tuner_state
     pending = saved.pending
     return TunerState(
@@ -317,4 +350,5 @@ def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
         exhausted=frozenset(Remedy(r) for r in saved.exhausted),
         reported=frozenset(saved.reported),
         history=tuple(item.entry() for item in status.history)[-HISTORY_LIMIT:],
+        desired=status.desired.pairs() if status.desired else (),
     )  # fmt: skip

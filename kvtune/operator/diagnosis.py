@@ -21,7 +21,8 @@ CACHED_SOURCES = ("local_cache_hit", "external_kv_transfer")
 
 @dataclass(frozen=True)
 class Finding:
-    code: str  # Preempting, KVSaturated, WaitingForCapacity, LowPrefixHitRate, NoData, Idle, EngineRestarted
+    code: str  # Preempting, KVSaturated, WaitingForCapacity, LowPrefixHitRate, NoData, Idle, EngineRestarted,
+    # CorruptMetrics
     severity: str  # info, warning, critical
     message: str
     evidence: str
@@ -231,6 +232,17 @@ def _with_findings(d: Diagnosis, window: Window, engine: EngineView) -> Diagnosi
                 "info",
                 f"counters reset {d.restarts}x in the window (engine restart); rates count from zero",
                 span,
+            )
+        )
+    corrupt = sorted({pair for sample in window.samples for pair in sample.corrupt})
+    if corrupt:
+        series = sorted({name for name, _ in corrupt})
+        findings.append(
+            Finding(
+                "CorruptMetrics",
+                "warning",
+                f"corrupt metrics, dropped and never used as figures: {', '.join(series)}",
+                "; ".join(f"{name}: {problem}" for name, problem in corrupt),
             )
         )
     if d.status == "idle":

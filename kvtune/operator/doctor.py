@@ -14,7 +14,7 @@ from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.ladder import Advice, plan
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sample import NoData, Sample
-from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource
+from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource, url_problem
 from kvtune.operator.window import Window
 
 KNOB_LABELS = {
@@ -131,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.window_seconds < 0:
         raise KvtuneError("--samples must be >= 1 and --window-seconds >= 0")
     source: MetricSource
+    for flag, url in (("--metrics-url", args.metrics_url), ("--prometheus", args.prometheus)):
+        problem = url_problem(url) if url is not None else None
+        if problem is not None:
+            raise KvtuneError(f"{flag}: {problem}")
     if args.metrics_url:
         source, where = MetricsEndpoint(args.metrics_url), args.metrics_url
     else:

@@ -36,14 +36,17 @@ def write_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def start_engine(model_dir: Path, token_file: Path, log: Path, *flags: str) -> EngineProcess:
-    """`kvtune serve --model DIR` with an admin token, one torch thread and the given flags."""
-    port = free_port()
+def start_engine(
+    model_dir: Path, token_file: Path, log: Path, *flags: str, port: int | None = None
+) -> EngineProcess:
+    """`kvtune serve --model DIR` with an admin token, one torch thread and the given flags, on `port`
+    (default: a free one; pass the old one to restart an engine where its clients expect it)."""
+    port = port or free_port()
     command = kvtune_command(
         "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--port", str(port),
         "--threads", "1", "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
     )  # fmt: skip
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     engine = EngineProcess(url, process, log)

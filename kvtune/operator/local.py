@@ -1,7 +1,10 @@
 """The operator loop against one engine, without Kubernetes: sample, decide, act, log, every interval.
 
 The same pure `decide` the in-cluster operator runs. An actuator failure is logged and the tuner's state
-is left as it was, so the change is simply tried again when still called for.
+is left as it was, so the change is simply tried again when still called for. The operator owns the values
+it set (`TunerState.desired`): when the engine restarts (`restart.engine_restarted`) the samples of the old
+process are dropped, and whenever the engine does not hold a desired value (a restart, an operator that
+resumed from status) it is put back at once, before any new evidence.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from dataclasses import dataclass, field
 
 from kvtune.operator.actuators import Actuator, ActuatorResult
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
-from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.policy import Mode, TuningPolicy
+from kvtune.operator.restart import drifted, engine_restarted
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricSource
-from kvtune.operator.tuner import Change, Decision, TunerState, decide
+from kvtune.operator.tuner import Change, Decision, TunerState, Value, decide
 from kvtune.operator.window import Window
 
 logger = logging.getLogger("kvtune.operator")
@@ -34,6 +38,9 @@ class Tick:
     applied: tuple[tuple[Change, ActuatorResult], ...] = ()
     no_data: str | None = None
     state: TunerState = field(default_factory=TunerState)
+    restart: str | None = None  # why the engine is judged to have restarted since the last sample
+    reapplied: tuple[tuple[str, Value, ActuatorResult], ...] = ()  # desired values put back this tick
+    evidence_since: float | None = None  # the oldest sample the decision could see
 
 
 def window_length(policy: TuningPolicy, interval: float) -> int:
@@ -59,6 +66,28 @@ def live_view(sample: Sample, actuator: Actuator) -> EngineView:
     return view
 
 
+def reapply_desired(
+    actuator: Actuator, policy: TuningPolicy, state: TunerState
+) -> tuple[tuple[str, Value, ActuatorResult], ...]:
+    """Put back every desired value the engine does not hold (Apply mode only); failures are logged and
+    simply tried again next tick."""
+    desired = {knob: value for knob, value in state.desired if knob in actuator.knobs}
+    if policy.mode is not Mode.APPLY or not desired:
+        return ()
+    current = actuator.current()
+    if not current.ok:
+        return ()
+    done: list[tuple[str, Value, ActuatorResult]] = []
+    for knob, value in drifted(desired, dict(current.values)).items():
+        outcome = actuator.apply(knob, value)
+        done.append((knob, value, outcome))
+        if outcome.ok:
+            logger.info("re-applied %s=%s (the engine held %s)", knob, value, current.values.get(knob))
+        else:
+            logger.error("could not re-apply %s=%s: %s", knob, value, outcome.error)
+    return tuple(done)
+
+
 def step(
     source: MetricSource,
     actuator: Actuator,
@@ -72,9 +101,18 @@ def step(
     if isinstance(result, NoData):
         logger.warning("no data from %s: %s", result.source, result.reason)
         return Tick(now, None, no_data=result.reason, state=state)
+    restart = engine_restarted(samples[-1], result) if samples else None
+    if restart is not None:
+        logger.warning(
+            "engine restarted (%s): dropping the %d samples taken before it", restart, len(samples)
+        )
+        samples.clear()
+        state = state.after_engine_restart(now)
     samples.append(result)
+    reapplied = reapply_desired(actuator, policy, state)
     engine = live_view(result, actuator)
-    decision, new_state = decide(Window.of(samples), engine, policy, state, now)
+    window = Window.of(samples)
+    decision, new_state = decide(window, engine, policy, state, now)
     for advice in decision.advice:
         logger.info(
             "%s: %s -> %s (%s)", advice.remedy.value, advice.current, advice.recommended, advice.evidence
@@ -91,7 +129,9 @@ def step(
         else:
             logger.error("could not apply %s=%s: %s", change.knob, change.value, outcome.error)
             new_state = state
-    return Tick(now, decision, tuple(applied), state=new_state)
+    since = window.samples[0].timestamp
+    return Tick(now, decision, tuple(applied), state=new_state, restart=restart, reapplied=reapplied,
+                evidence_since=since)  # fmt: skip
 
 
 def run_loop(

@@ -57,6 +57,10 @@ REQUEST_PROMPT_TOKENS = "request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "request_generation_tokens"
 REQUEST_MAX_TOKENS = "request_max_tokens"
 CACHE_CONFIG = "cache_config"
+PROCESS_START = "process_start_time"
+
+# Gauges that are fractions: a value outside [0, 1] is corrupt, not a figure.
+RATIO_GAUGES = frozenset({KV_USAGE, KV_EFFECTIVE, CACHE_HIT_RATE_GAUGE})
 
 _G, _C, _H = Kind.GAUGE, Kind.COUNTER, Kind.HISTOGRAM
 
@@ -101,6 +105,8 @@ NAME_MAP: dict[str, Canonical] = {
     "kvtune:max_tokens_cap": Canonical(MAX_TOKENS_CAP, _G, Merge.MAX),
     "kvtune:capped_requests_total": Canonical(CAPPED_REQUESTS, _C),
     "kvtune:prefix_defeats_total": Canonical(PREFIX_DEFEATS, _C, split_label="reason"),
+    # prometheus-client's process collector (vLLM, kvtune): moves when the engine process restarts
+    "process_start_time_seconds": Canonical(PROCESS_START, _G, Merge.MAX),
 }
 
 # cache_config_info label spellings -> kvtune's keys (SGLang says page for block).
@@ -118,6 +124,7 @@ CACHE_CONFIG_LABELS = {
 }
 
 ENGINE_PREFIXES = ("vllm", "sglang", "kvtune")
+PROCESS_SERIES = ("process_start_time_seconds",)  # read beside the engine's own series
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 

@@ -21,6 +21,7 @@ from kvtune.operator.crd import (
     Condition,
     ConditionStatus,
     ConditionType,
+    DesiredValues,
     KnobValues,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
@@ -249,6 +250,14 @@ def evaluate(
             events.append(EventSpec("Warning", "ApplyFailed",
                                     f"{change.knob} {change.before} -> {change.value}: {result.error}",
                                     change.remedy.value))  # fmt: skip
+    if tick.restart is not None:
+        events.append(EventSpec("Warning", "EngineRestarted",
+                                f"{tick.restart}; samples from before the restart dropped"))  # fmt: skip
+    for knob, value, result in tick.reapplied:
+        if result.ok:
+            events.append(EventSpec("Normal", "DesiredStateReapplied", f"{knob} set back to {value}"))
+        else:
+            events.append(EventSpec("Warning", "ReapplyFailed", f"{knob} -> {value}: {result.error}"))
     if tick.no_data and not memory.no_data:
         events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
     memory.no_data = tick.no_data is not None
@@ -287,6 +296,7 @@ def evaluate(
         conditions=conditions,
         current=current,
         recommended=memory.recommended,
+        desired=DesiredValues.of(tick.state.desired),
         history=history,
         tuner_state=tuner,
     )

@@ -1,11 +1,17 @@
-"""One reading of an engine's metrics under canonical names, whatever engine or source it came from."""
+"""One reading of an engine's metrics under canonical names, whatever engine or source it came from.
+
+Impossible values (NaN, infinities, negative counts, a ratio outside [0, 1], histogram buckets that fall
+as `le` rises) are never figures: every series of that canonical name is dropped from the sample and the
+sample names it in `corrupt`, so diagnosis can report it and nothing acts on it.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvtune.operator.metric_names import CACHE_CONFIG_LABELS, Kind, Merge, lookup
+from kvtune.operator.metric_names import CACHE_CONFIG_LABELS, RATIO_GAUGES, Canonical, Kind, Merge, lookup
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class Sample:
     histograms: Mapping[str, Histogram] = field(default_factory=dict)
     cache_config: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
+    corrupt: tuple[tuple[str, str], ...] = ()  # dropped series: (exposed name, what is wrong with it)
 
 
 @dataclass(frozen=True)
@@ -43,30 +50,67 @@ SampleResult = Sample | NoData
 Series = tuple[str, Mapping[str, str], float]
 
 
+def value_problem(entry: Canonical, part: str, value: float) -> str | None:
+    """What makes one exposed value impossible for its kind, or None when it is a usable figure."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return f"{'+' if value > 0 else '-'}Inf"
+    if entry.kind is Kind.INFO:
+        return None
+    if value < 0 and (entry.kind is not Kind.HISTOGRAM or part != "_sum"):
+        return f"negative ({value:g})"
+    if entry.kind is Kind.GAUGE and entry.name in RATIO_GAUGES and value > 1:
+        return f"{value:g} is outside [0, 1]"
+    return None
+
+
+def bucket_problem(per_bound: Mapping[float, float]) -> str | None:
+    """Cumulative buckets must not fall as `le` rises."""
+    previous_bound, previous = None, 0.0
+    for bound, count in sorted(per_bound.items()):
+        if count < previous:
+            return f"bucket le={bound:g} holds {count:g}, less than le={previous_bound:g} ({previous:g})"
+        previous_bound, previous = bound, count
+    return None
+
+
 def sample_from_series(series: Iterable[Series], timestamp: float, source: str) -> SampleResult:
-    """Fold raw (name, labels, value) series into one Sample through the name map."""
+    """Fold raw (name, labels, value) series into one Sample through the name map; a canonical name with
+    any impossible series is dropped whole (a partial sum over pods would read as a counter reset)."""
     gauges: dict[str, float] = {}
     counters: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     cache_config: dict[str, str] = {}
+    corrupt: dict[str, tuple[str, str]] = {}  # canonical key -> (exposed name, what is wrong)
+    exposed: dict[str, str] = {}  # canonical histogram key -> an exposed name, for messages
     for name, labels, value in series:
         found = lookup(name)
-        if found is None or value != value:  # unknown series, or NaN
+        if found is None:
             continue
         entry, part = found
         key = entry.name
         if entry.split_label is not None:
             key = f"{key}:{labels.get(entry.split_label, '')}"
+        problem = value_problem(entry, part, value)
+        if problem is not None:
+            corrupt.setdefault(key, (name, problem))
+            continue
         if entry.kind is Kind.INFO:
             for label, label_value in labels.items():
                 canonical = CACHE_CONFIG_LABELS.get(label)
                 if canonical is not None:
                     cache_config.setdefault(canonical, label_value)
         elif entry.kind is Kind.HISTOGRAM:
+            exposed.setdefault(key, name.removesuffix(part))
             if part == "_bucket":
-                bound = float(labels.get("le", "inf"))
+                try:
+                    bound = float(labels.get("le", "inf"))
+                except ValueError:
+                    corrupt.setdefault(key, (name, f"le={labels.get('le')!r} is not a number"))
+                    continue
                 per = buckets.setdefault(key, {})
                 per[bound] = per.get(bound, 0.0) + value
             elif part == "_sum":
@@ -79,11 +123,23 @@ def sample_from_series(series: Iterable[Series], timestamp: float, source: str) 
                 target[key] = max(target[key], value)
             else:
                 target[key] = target.get(key, 0.0) + value
+    for key, per in buckets.items():
+        problem = bucket_problem(per)
+        if problem is not None:
+            corrupt.setdefault(key, (f"{exposed[key]}_bucket", problem))
+    for key in corrupt:
+        for figures in (gauges, counters, buckets, sums, counts):
+            figures.pop(key, None)
     histograms = {
         key: Histogram(tuple(sorted(per.items())), counts.get(key, max(per.values(), default=0.0)),
                        sums.get(key, 0.0))
         for key, per in buckets.items()
     }  # fmt: skip
+    found_corrupt = tuple(sorted(corrupt.values()))
     if not (gauges or counters or histograms):
+        if found_corrupt:
+            listed = "; ".join(f"{name}: {problem}" for name, problem in found_corrupt)
+            reason = f"corrupt metrics: every series the operator reads is impossible ({listed})"
+            return NoData(source, reason, timestamp)
         return NoData(source, "none of the vLLM, SGLang or kvtune series the operator reads", timestamp)
-    return Sample(timestamp, gauges, counters, histograms, cache_config, source)
+    return Sample(timestamp, gauges, counters, histograms, cache_config, source, found_corrupt)

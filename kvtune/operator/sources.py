@@ -14,7 +14,7 @@ from typing import Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.operator.metric_names import ENGINE_PREFIXES
+from kvtune.operator.metric_names import ENGINE_PREFIXES, PROCESS_SERIES
 from kvtune.operator.sample import NoData, SampleResult, Series, sample_from_series
 
 Clock = Callable[[], float]
@@ -38,6 +38,20 @@ def parse_exposition(text: str, timestamp: float, source: str) -> SampleResult:
     return sample_from_series(series, timestamp, source)
 
 
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be an HTTP(S) base URL (checked before any request, so a typo is one clear line
+    instead of a traceback), or None when it can."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as err:
+        return f"{url!r} is not a valid URL: {err}"
+    if parsed.scheme not in ("http", "https"):
+        return f"{url!r} is not an http:// or https:// URL"
+    if not parsed.host:
+        return f"{url!r} has no host"
+    return None
+
+
 class MetricsEndpoint:
     """Scrape one engine's `/metrics` directly (the URL may be the server base or the full path)."""
 
@@ -51,7 +65,7 @@ class MetricsEndpoint:
         now = self.clock()
         try:
             response = httpx.get(self.url, timeout=self.timeout)
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
             return NoData(self.url, f"unreachable: {type(err).__name__}: {err}", now)
         if response.status_code != 200:
             return NoData(self.url, f"HTTP {response.status_code}", now)
@@ -76,7 +90,7 @@ class PrometheusSource:
         self.clock = clock
 
     def query(self) -> str:
-        names = "|".join(f"{prefix}[:_].+" for prefix in ENGINE_PREFIXES)
+        names = "|".join([*(f"{prefix}[:_].+" for prefix in ENGINE_PREFIXES), *PROCESS_SERIES])
         matchers = selector_matchers(self.selector)
         return "{" + f'__name__=~"{names}"' + (f",{matchers}" if matchers else "") + "}"
 
@@ -88,7 +102,7 @@ class PrometheusSource:
                 f"{self.url}/api/v1/query", params={"query": self.query()}, timeout=self.timeout
             )
             body = response.json()
-        except (httpx.HTTPError, ValueError) as err:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
             return NoData(where, f"unreachable: {type(err).__name__}: {err}", now)
         if response.status_code != 200 or body.get("status") != "success":
             return NoData(where, f"HTTP {response.status_code}: {body.get('error', 'query failed')}", now)

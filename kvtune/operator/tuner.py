@@ -83,9 +83,20 @@ class TunerState:
     exhausted: frozenset[Remedy] = frozenset()
     reported: frozenset[str] = frozenset()  # recommendations/flags already in history
     history: tuple[HistoryEntry, ...] = ()
+    desired: tuple[tuple[str, Value], ...] = ()  # knob values the operator set and holds, sorted by knob
 
     def record(self, entry: HistoryEntry) -> TunerState:
         return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])
+
+    def desire(self, knob: str, value: Value) -> TunerState:
+        """Hold `value` for `knob`: the operator puts it back whenever the engine loses it."""
+        return replace(self, desired=tuple(sorted({**dict(self.desired), knob: value}.items())))
+
+    def after_engine_restart(self, now: float) -> TunerState:
+        """Evidence starts again at a restart: a pending change is judged on a window of the new process
+        only, and the next action waits a cooldown of it (re-applying the desired values is an action)."""
+        pending = replace(self.pending, at=now) if self.pending is not None else None
+        return replace(self, pending=pending, last_action_at=now)
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,7 @@ def _evaluate(
     else:
         state = replace(state, exhausted=state.exhausted | {pending.remedy})
     change = Change(pending.knob, pending.before, pending.after, pending.remedy, f"rollback: {reason}")
+    state = state.desire(pending.knob, pending.before)
     state = state.record(
         HistoryEntry(
             now,
@@ -207,6 +219,7 @@ def _act(
     change = Change(advice.knob, advice.recommended, advice.current, advice.remedy, advice.evidence)
     pending = Pending(now, advice.remedy, advice.knob, advice.current, advice.recommended, direction, figures)
     state = replace(state, rung=advice.remedy, pending=pending, last_action_at=now)
+    state = state.desire(advice.knob, advice.recommended)
     if direction == "lower":
         state = _mark_unsafe(state, advice.current, now)
     state = state.record(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kvtune.operator import metric_names as m
@@ -83,3 +86,24 @@ def kvtune_engine(max_num_seqs: int = 64, cap: int | None = None) -> EngineView:
         max_model_len=1024,
         knobs=frozenset({KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP}),
     )
+
+
+def serve_bodies(bodies: list[str]) -> Iterator[str]:
+    """A /metrics endpoint answering `bodies` in order (the last one from then on); yields its base URL."""
+    remaining = list(bodies)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = remaining.pop(0) if len(remaining) > 1 else remaining[0]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()

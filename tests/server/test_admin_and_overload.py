@@ -17,6 +17,7 @@ from kvtune.engine_sidecar.async_engine import DEFAULT_WAITING_PER_SEQ, UNLIMITE
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, scrape, start_server, total
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+BOUNDS = {"max_num_seqs": 64, "max_tokens_cap": 1024}  # the 1,024-token pool: 64 blocks of 16
 
 
 @pytest.fixture()
@@ -34,7 +35,11 @@ def test_admin_requires_the_token(client: httpx.Client) -> None:
         ):
             assert response.status_code == 401
             assert response.json()["error"]["type"] == "authentication_error"
-    assert client.get("/admin/config", headers=AUTH).json() == {"max_num_seqs": 8, "max_tokens_cap": None}
+    assert client.get("/admin/config", headers=AUTH).json() == {
+        "max_num_seqs": 8,
+        "max_tokens_cap": None,
+        "bounds": BOUNDS,
+    }
 
 
 def test_admin_routes_do_not_exist_without_a_token(narrow_server: LiveServer) -> None:
@@ -73,7 +78,7 @@ def test_admin_malformed_json(client: httpx.Client) -> None:
 
 def test_admin_changes_apply_live(client: httpx.Client, restore_config: None) -> None:
     changed = client.patch("/admin/config", json={"max_num_seqs": 3, "max_tokens_cap": 4}, headers=AUTH)
-    assert changed.json() == {"max_num_seqs": 3, "max_tokens_cap": 4}
+    assert changed.json() == {"max_num_seqs": 3, "max_tokens_cap": 4, "bounds": BOUNDS}
     capped_before = total(scrape(client), "kvtune:capped_requests_total")
     out = client.post(
         "/v1/completions", json={"prompt": "cap me", "max_tokens": 50, "ignore_eos": True}
@@ -87,6 +92,7 @@ def test_admin_changes_apply_live(client: httpx.Client, restore_config: None) ->
     assert client.patch("/admin/config", json={"max_tokens_cap": None}, headers=AUTH).json() == {
         "max_num_seqs": 3,
         "max_tokens_cap": None,
+        "bounds": BOUNDS,
     }
     assert total(scrape(client), "kvtune:max_tokens_cap") == 0
 

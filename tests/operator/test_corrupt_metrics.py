@@ -1,0 +1,210 @@
+"""Impossible metric values (NaN, infinities, negative counters, a ratio outside [0, 1], buckets that fall
+as `le` rises) are dropped from the sample and reported as a CorruptMetrics finding naming the series; the
+doctor never prints them as figures and the operator loop never acts on them. A bad URL is one clear line."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Iterator
+
+import pytest
+
+from kvtune.cli import main
+from kvtune.operator import metric_names as m
+from kvtune.operator.actuators import ActuatorResult
+from kvtune.operator.diagnosis import diagnose
+from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, engine_view_from_sample
+from kvtune.operator.local import step
+from kvtune.operator.policy import Mode, TuningPolicy
+from kvtune.operator.sample import NoData, Sample, SampleResult
+from kvtune.operator.sources import parse_exposition
+from kvtune.operator.tuner import TunerState
+from kvtune.operator.window import Window
+from tests.operator.helpers import fixture_text, recorded, serve_bodies
+
+KV_LINE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0'
+RUNNING_LINE = 'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0'
+PREEMPTIONS_LINE = 'vllm:num_preemptions_total{engine="0",model_name="tiny"} 95.0'
+BUCKET_LINE = 'vllm:request_generation_tokens_bucket{engine="0",le="500.0",model_name="tiny"} 80.0'
+
+CASES = [
+    pytest.param(PREEMPTIONS_LINE, "NaN", m.PREEMPTIONS, "vllm:num_preemptions_total", "NaN", id="nan-counter"),
+    pytest.param(PREEMPTIONS_LINE, "+Inf", m.PREEMPTIONS, "vllm:num_preemptions_total", "+Inf", id="inf-counter"),
+    pytest.param(PREEMPTIONS_LINE, "-3", m.PREEMPTIONS, "vllm:num_preemptions_total", "negative", id="negative"),
+    pytest.param(RUNNING_LINE, "+Inf", m.RUNNING, "vllm:num_requests_running", "+Inf", id="inf-gauge"),
+    pytest.param(RUNNING_LINE, "-Inf", m.RUNNING, "vllm:num_requests_running", "-Inf", id="minus-inf-gauge"),
+    pytest.param(KV_LINE, "1.7", m.KV_USAGE, "vllm:kv_cache_usage_perc", "outside [0, 1]", id="kv-above-1"),
+    pytest.param(KV_LINE, "-0.2", m.KV_USAGE, "vllm:kv_cache_usage_perc", "negative", id="kv-below-0"),
+    pytest.param(
+        BUCKET_LINE, "12", m.REQUEST_GENERATION_TOKENS, "vllm:request_generation_tokens_bucket",
+        "bucket le=500 holds 12, less than le=200 (80)", id="falling-buckets",
+    ),
+]  # fmt: skip
+
+
+def with_value(line: str, value: str) -> dict[str, str]:
+    """The transform that gives the fixture's `line` another value."""
+    assert line in fixture_text("kvtune_preempting_t1.prom")
+    return {line: line.rsplit(" ", 1)[0] + " " + value}
+
+
+def numbers(node: object) -> Iterator[float]:
+    """Every number in a JSON document."""
+    if isinstance(node, dict):
+        node = list(node.values())
+    if isinstance(node, list):
+        for item in node:
+            yield from numbers(item)
+    elif isinstance(node, float | int) and not isinstance(node, bool):
+        yield float(node)
+
+
+def kind_of(sample: Sample, key: str) -> bool:
+    return key in sample.gauges or key in sample.counters or key in sample.histograms
+
+
+@pytest.mark.parametrize(("line", "value", "key", "series", "problem"), CASES)
+def test_an_impossible_value_is_dropped_and_named(
+    line: str, value: str, key: str, series: str, problem: str
+) -> None:
+    clean = recorded("kvtune_preempting_t1.prom", 10.0)
+    sample = recorded("kvtune_preempting_t1.prom", 10.0, with_value(line, value))
+    assert isinstance(clean, Sample) and isinstance(sample, Sample)
+    assert kind_of(clean, key) and not kind_of(sample, key)
+    assert [name for name, _ in sample.corrupt] == [series]
+    assert problem in sample.corrupt[0][1]
+    # every other figure is kept as it was
+    assert {k: v for k, v in clean.counters.items() if k != key} == dict(sample.counters)
+    assert all(math.isfinite(v) for v in (*sample.gauges.values(), *sample.counters.values()))
+
+
+@pytest.mark.parametrize(("line", "value", "key", "series", "problem"), CASES)
+def test_diagnosis_reports_corrupt_metrics_and_never_uses_them(
+    line: str, value: str, key: str, series: str, problem: str
+) -> None:
+    before = recorded("kvtune_preempting_t0.prom", 0.0)
+    after = recorded("kvtune_preempting_t1.prom", 10.0, with_value(line, value))
+    assert isinstance(before, Sample) and isinstance(after, Sample)
+    d = diagnose(Window.of([before, after]), engine_view_from_sample(after))
+    corrupt = [f for f in d.findings if f.code == "CorruptMetrics"]
+    assert len(corrupt) == 1 and series in corrupt[0].message and problem in corrupt[0].evidence
+    figures = [d.preemption_rate, d.kv_usage_max, d.kv_usage_mean, d.running_max, d.running_mean, d.goodput]
+    assert all(f is None or (math.isfinite(f) and f >= 0) for f in figures), figures
+    assert d.kv_usage_max is None or d.kv_usage_max <= 1
+    if key == m.PREEMPTIONS:
+        assert d.preemption_rate is None and d.restarts == 0  # neither a rate nor a "reset" from it
+
+
+def test_a_scrape_with_nothing_usable_is_no_data_that_says_why() -> None:
+    text = "\n".join(
+        [
+            "# TYPE vllm:num_preemptions_total counter",
+            'vllm:num_preemptions_total{model_name="x"} NaN',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            'vllm:kv_cache_usage_perc{model_name="x"} +Inf',
+            "",
+        ]
+    )
+    result = parse_exposition(text, 1.0, "test")
+    assert isinstance(result, NoData)
+    assert "corrupt metrics" in result.reason and "vllm:num_preemptions_total: NaN" in result.reason
+
+
+@pytest.fixture()
+def corrupt_scrapes() -> Iterator[str]:
+    """t0, then t1 with +Inf running requests and a NaN preemption counter."""
+    t1 = fixture_text("kvtune_preempting_t1.prom")
+    for old, new in (*with_value(RUNNING_LINE, "+Inf").items(), *with_value(PREEMPTIONS_LINE, "NaN").items()):
+        t1 = t1.replace(old, new)
+    yield from serve_bodies([fixture_text("kvtune_preempting_t0.prom"), t1])
+
+
+def test_doctor_reports_corrupt_series_and_no_infinite_figure(
+    corrupt_scrapes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["doctor", "--metrics-url", corrupt_scrapes, "--json", "--window-seconds", "0.2"]
+    main(args)
+    report = json.loads(capsys.readouterr().out)
+    assert all(math.isfinite(v) for v in numbers(report)), report["findings"]
+    notes = [n for n in report["findings"]["notes"] if n["code"] == "CorruptMetrics"]
+    assert len(notes) == 1
+    assert "vllm:num_requests_running" in notes[0]["message"]
+    assert "vllm:num_preemptions_total" in notes[0]["message"]
+    assert report["findings"]["preemption_rate"] is None
+    assert not any(r["applicable"] for r in report["remedies"] if r["remedy"] == "lower_max_num_seqs")
+
+
+class Replay:
+    """A metric source that answers recorded results in order."""
+
+    def __init__(self, results: list[SampleResult]) -> None:
+        self.results = results
+
+    def read(self) -> SampleResult:
+        return self.results.pop(0)
+
+
+class RecordingActuator:
+    knobs = frozenset({KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP})
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, int | str | None]] = []
+
+    def current(self) -> ActuatorResult:
+        return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None})
+
+    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+        self.applied.append((knob, value))
+        return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None, knob: value})
+
+
+def run_two_ticks(transform: dict[str, str]) -> RecordingActuator:
+    source = Replay(
+        [recorded("kvtune_preempting_t0.prom", 0.0), recorded("kvtune_preempting_t1.prom", 10.0, transform)]
+    )
+    actuator = RecordingActuator()
+    policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=5.0, cooldown_s=5.0)
+    state, samples = TunerState(), deque[Sample]()
+    for now in (0.0, 10.0):
+        state = step(source, actuator, policy, state, samples, now).state
+    return actuator
+
+
+def test_the_operator_loop_never_acts_on_corrupt_figures() -> None:
+    assert run_two_ticks({}).applied, "the clean recording preempts and the loop acts on it"
+    assert run_two_ticks(with_value(PREEMPTIONS_LINE, "NaN")).applied == []
+    assert run_two_ticks(with_value(PREEMPTIONS_LINE, "-95")).applied == []
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["doctor", "--metrics-url", "http://[::1"], "--metrics-url"),
+        (["doctor", "--metrics-url", "localhost:8000"], "--metrics-url"),
+        (["doctor", "--metrics-url", "http://"], "--metrics-url"),
+        (["doctor", "--prometheus", "ftp://prom", "--selector", "job=x"], "--prometheus"),
+        (["operator", "--local", "--target", "http://[::1", "--admin-token-file", "/dev/null"], "--target"),
+    ],
+)
+def test_a_bad_url_is_one_clear_line(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"kvtune: error: {flag}: ")
+    assert "Traceback" not in captured.err
+
+
+def test_a_bad_url_from_the_shell_exits_non_zero_without_a_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtune.cli", "doctor", "--metrics-url", "http://[::1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        == "kvtune: error: --metrics-url: 'http://[::1' is not a valid URL: Invalid port: ':1'"
+    )
