@@ -36,6 +36,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks], padded with 0
     num_decodes: int  # leading sequences with one new token each
     prefill_query_start_loc: torch.Tensor  # query_start_loc of the prefill part, rebased to 0
+    # The longest prefill chunk, known here on the host: a GPU kernel sizes its grid with it, so no layer
+    # reads lengths back from the device (a stream stall per layer).
+    max_prefill_query_len: int
 
     @property
     def num_seqs(self) -> int:
@@ -107,6 +110,7 @@ def build_batch(
         block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
         num_decodes=num_decodes,
         prefill_query_start_loc=query_start_loc[num_decodes:] - num_decodes,
+        max_prefill_query_len=max((len(c.token_ids) for c in chunks[num_decodes:]), default=0),
     )
     return BatchInputs(
         input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),

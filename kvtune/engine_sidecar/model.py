@@ -1,7 +1,9 @@
 """A Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat varlen batch and the paged KV cache.
 
-Attention never sees padding: new K/V go to their slots through `write_kv`, then decodes and prefill chunks
-read the cache through kvtune.kernels. q/k/v and gate/up are each one fused matmul (one pass over the
+Attention never sees padding: new K/V go to their slots through the backend's `write_kv`, then decodes and
+prefill chunks read the cache through its kernels. The backend is resolved once, at load, and called
+directly: the batch builder has checked the step's lengths on the host, so no layer looks a backend up,
+re-validates, or reads a length back from the device. q/k/v and gate/up are each one fused matmul (one pass over the
 activations instead of three or two); `weight_names` maps them back to the checkpoint's separate tensors.
 """
 
@@ -19,7 +21,7 @@ from kvtune.engine_sidecar.config import ModelConfig
 from kvtune.engine_sidecar.kv_cache import KVCache
 from kvtune.engine_sidecar.rope import RotaryTable, apply_rotary
 from kvtune.engine_sidecar.weight_names import checkpoint_names, gather_parameters
-from kvtune.kernels import paged_decode_attention, paged_prefill_attention, write_kv
+from kvtune.kernels.backends import Backend, resolve_backend
 
 
 class RMSNorm(nn.Module):
@@ -50,7 +52,7 @@ class StepContext:
         sin: torch.Tensor,
         metadata: AttentionMetadata,
         cache: KVCache,
-        backend: str | None,
+        backend: Backend,
     ) -> None:
         self.cos = cos
         self.sin = sin
@@ -89,31 +91,32 @@ class Attention(nn.Module):
         k = apply_rotary(k, step.cos, step.sin)
         cache, metadata = step.cache, step.metadata
         layer_cache = cache.layers[self.layer_index]
-        write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale, backend=step.backend)
+        backend = step.backend
+        backend.write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale)
         out = torch.empty_like(q)
         decodes = metadata.num_decodes
         if decodes:
-            out[:decodes] = paged_decode_attention(
+            out[:decodes] = backend.decode(
                 q[:decodes],
                 layer_cache,
                 metadata.block_tables[:decodes],
                 metadata.seq_lens[:decodes],
                 self.scale,
-                k_scale=cache.k_scale,
-                v_scale=cache.v_scale,
-                backend=step.backend,
+                cache.k_scale,
+                cache.v_scale,
+                None,
             )
         if decodes < metadata.num_seqs:
-            out[decodes:] = paged_prefill_attention(
+            out[decodes:] = backend.prefill(
                 q[decodes:],
                 layer_cache,
                 metadata.block_tables[decodes:],
                 metadata.prefill_query_start_loc,
                 metadata.seq_lens[decodes:],
                 self.scale,
-                k_scale=cache.k_scale,
-                v_scale=cache.v_scale,
-                backend=step.backend,
+                cache.k_scale,
+                cache.v_scale,
+                max_query_len=metadata.max_prefill_query_len,
             )
         projected: torch.Tensor = self.o_proj(out.view(tokens, self.q_size))
         return projected
@@ -167,7 +170,7 @@ class CausalLM(nn.Module):
     Built on the meta device (no storage, no random init): `materialise` adopts the checkpoint's tensors.
     """
 
-    def __init__(self, config: ModelConfig, attention_backend: str | None = None) -> None:
+    def __init__(self, config: ModelConfig, attention_backend: Backend) -> None:
         super().__init__()
         self.config = config
         self.attention_backend = attention_backend
@@ -236,9 +239,10 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str | None = None,
 ) -> CausalLM:
-    """Load a checkpoint folder into a ready model, in `dtype` (default: the checkpoint's) on `device`."""
+    """Load a checkpoint folder into a ready model, in `dtype` (default: the checkpoint's) on `device`,
+    with attention backend `attention_backend` (default: the device's best) resolved once, here."""
     checkpoint = open_checkpoint(folder)
-    model = CausalLM(checkpoint.config, attention_backend)
+    model = CausalLM(checkpoint.config, resolve_backend(attention_backend, device))
     tensors = checkpoint.load_tensors(
         model.checkpoint_tensor_names(), dtype or checkpoint.config.dtype, device
     )

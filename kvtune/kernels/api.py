@@ -1,7 +1,9 @@
 """The one interface the engine calls: paged decode, paged prefill and the cache write.
 
 Each call checks its inputs (one KvtuneError with a clear message for a bad call), then runs the chosen
-backend; `backend=None` means `select_backend(q.device)`.
+backend; `backend=None` means `select_backend(q.device)`. The checks read tensor values only when they are
+on the CPU: on a GPU that read would stall the stream. The engine's model does not come through here on
+every layer; it holds a resolved `Backend` and its batch builder checks the lengths once per step.
 
 Cache layout (per layer): `kv_cache[num_blocks, 2, block_size, num_kv_heads, head_dim]`, index 0 = K, 1 = V.
 Token t of sequence s lives in block `block_tables[s, t // block_size]`, offset `t % block_size`.
@@ -12,19 +14,16 @@ from __future__ import annotations
 import torch
 
 from kvtune.errors import KvtuneError
-from kvtune.kernels.backends import Backend, get_backend, select_backend
+from kvtune.kernels.backends import resolve_backend
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 from kvtune.kernels.checks import (
     check_block_tables,
     check_cache,
     check_int_vector,
     check_query,
+    check_query_start_loc,
     check_scales,
 )
-
-
-def _backend(name: str | None, device: torch.device) -> Backend:
-    return get_backend(name if name is not None else select_backend(device))
 
 
 def paged_decode_attention(
@@ -53,7 +52,7 @@ def paged_decode_attention(
     check_scales(k_scale, v_scale)
     if num_splits is not None and num_splits < 1:
         raise KvtuneError(f"num_splits must be at least 1, got {num_splits}")
-    chosen = _backend(backend, q.device)
+    chosen = resolve_backend(backend, q.device)
     return chosen.decode(q, kv_cache, block_tables, seq_lens, scale, k_scale, v_scale, num_splits)
 
 
@@ -83,13 +82,8 @@ def paged_prefill_attention(
     check_int_vector("query_start_loc", query_start_loc, num_seqs + 1)
     check_block_tables(block_tables, num_seqs, seq_lens, geometry.block_size)
     check_scales(k_scale, v_scale)
-    starts = query_start_loc.cpu()
-    query_lens = starts[1:] - starts[:-1]
-    if int(starts[0]) != 0 or int(starts[-1]) != q.shape[0] or bool((query_lens < 0).any()):
-        raise KvtuneError("query_start_loc must rise from 0 to the number of query tokens")
-    if bool((query_lens > seq_lens.cpu()).any()):
-        raise KvtuneError("a sequence has more new tokens than its seq_len")
-    chosen = _backend(backend, q.device)
+    check_query_start_loc(query_start_loc, seq_lens, q.shape[0])
+    chosen = resolve_backend(backend, q.device)
     return chosen.prefill(q, kv_cache, block_tables, query_start_loc, seq_lens, scale, k_scale, v_scale)
 
 
@@ -126,7 +120,8 @@ def write_kv(
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise KvtuneError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
     capacity = geometry.num_blocks * geometry.block_size
-    if slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
+    # Read back only on the CPU: on a GPU it would stall the stream on every layer.
+    if slot_mapping.device.type == "cpu" and slot_mapping.numel() and int(slot_mapping.max()) >= capacity:
         raise KvtuneError(f"a slot is beyond the cache's {capacity} slots")
     check_scales(k_scale, v_scale)
-    _backend(backend, kv_cache.device).write_kv(kv_cache, key, value, slot_mapping, k_scale, v_scale)
+    resolve_backend(backend, kv_cache.device).write_kv(kv_cache, key, value, slot_mapping, k_scale, v_scale)

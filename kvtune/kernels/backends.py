@@ -25,7 +25,11 @@ BACKEND_NAMES = tuple(_MODULES)
 
 @dataclass(frozen=True)
 class Backend:
-    """One implementation of the kernels interface."""
+    """One implementation of the kernels interface: its functions run unchecked (kernels.api checks).
+
+    The engine's model resolves one at load and calls these directly on every layer, so the per-layer hot
+    path neither looks a backend up nor re-validates what the step's batch builder validated once.
+    """
 
     name: str
     decode: Callable[..., torch.Tensor]
@@ -65,3 +69,8 @@ def select_backend(device: torch.device | str) -> str:
     if torch.device(device).type == "cuda":
         return "triton"
     return "cpu" if unavailable_reason("cpu") is None else "reference"
+
+
+def resolve_backend(name: str | None, device: torch.device | str) -> Backend:
+    """Backend `name`, or the device's best (`select_backend`) when `name` is None."""
+    return get_backend(name if name is not None else select_backend(device))

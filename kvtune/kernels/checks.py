@@ -78,6 +78,23 @@ def check_block_tables(
         raise KvtuneError("every sequence needs at least one token (seq_lens >= 1)")
 
 
+def check_query_start_loc(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_query_tokens: int
+) -> None:
+    """query_start_loc rises from 0 to the query tokens, and no sequence has more new tokens than its seq_len."""
+    if query_start_loc.device.type != "cpu" or seq_lens.device.type != "cpu":
+        return  # reading values back from a GPU would stall the stream on every prefill call
+    query_lens = query_start_loc[1:] - query_start_loc[:-1]
+    if (
+        int(query_start_loc[0]) != 0
+        or int(query_start_loc[-1]) != num_query_tokens
+        or bool((query_lens < 0).any())
+    ):
+        raise KvtuneError("query_start_loc must rise from 0 to the number of query tokens")
+    if bool((query_lens > seq_lens).any()):
+        raise KvtuneError("a sequence has more new tokens than its seq_len")
+
+
 def check_scales(k_scale: float, v_scale: float) -> None:
     if not (k_scale > 0 and v_scale > 0):
         raise KvtuneError(f"k_scale and v_scale must be positive, got {k_scale}, {v_scale}")

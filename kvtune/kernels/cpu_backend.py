@@ -211,7 +211,9 @@ def prefill(
     scale: float,
     k_scale: float,
     v_scale: float,
+    max_query_len: int | None = None,
 ) -> torch.Tensor:
+    """The C++ kernel reads each sequence's query length itself; max_query_len sizes nothing here."""
     return _attention(
         q, kv_cache, block_tables, query_start_loc, seq_lens, scale, k_scale, v_scale, 1, QUERY_TILE
     )

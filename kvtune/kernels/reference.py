@@ -66,8 +66,10 @@ def prefill(
     scale: float,
     k_scale: float,
     v_scale: float,
+    max_query_len: int | None = None,
 ) -> torch.Tensor:
-    """One sequence at a time: its new tokens attend to its whole context and causally to each other."""
+    """One sequence at a time: its new tokens attend to its whole context and causally to each other
+    (max_query_len sizes nothing here)."""
     num_kv_heads = kv_cache.shape[3]
     group = q.shape[1] // num_kv_heads
     dtype = _compute_dtype(q)

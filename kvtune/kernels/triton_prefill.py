@@ -119,7 +119,9 @@ def prefill(
     scale: float,
     k_scale: float,
     v_scale: float,
+    max_query_len: int | None = None,
 ) -> torch.Tensor:
+    """`max_query_len`, when the caller knows it on the host, sizes the grid without a device-to-host read."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_q_heads // num_kv_heads
@@ -130,7 +132,8 @@ def prefill(
     out = torch.empty_like(q)
     if num_seqs == 0 or q.shape[0] == 0:
         return out
-    max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _prefill_kernel[grid](
         q,
