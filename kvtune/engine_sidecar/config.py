@@ -22,7 +22,8 @@ _ARCHITECTURES: dict[str, tuple[bool, bool, bool]] = {
 }
 SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
 
-_DTYPES: dict[str, torch.dtype] = {
+# The one table of model dtypes by name: checkpoint configs and `--dtype` both read it.
+MODEL_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -115,9 +116,9 @@ def parse_rope(raw: dict[str, Any]) -> RopeConfig:
 def parse_dtype(raw: dict[str, Any]) -> torch.dtype:
     """The checkpoint's dtype (`dtype` in transformers ≥5, `torch_dtype` before); float32 when absent."""
     name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    if name not in _DTYPES:
-        raise KvtuneError(f"model dtype {name!r} is not supported; use float32, float16 or bfloat16")
-    return _DTYPES[name]
+    if name not in MODEL_DTYPES:
+        raise KvtuneError(f"model dtype {name!r} is not supported; use {', '.join(MODEL_DTYPES)}")
+    return MODEL_DTYPES[name]
 
 
 def parse_model_config(raw: dict[str, Any]) -> ModelConfig:

@@ -1,8 +1,9 @@
 """The engine loop: kvtune.core's scheduler and block pool driving a real model over the paged KV cache.
 
-One `step()` asks the scheduler for a batch, applies any copy-on-write block copies, runs one forward pass
-over every scheduled chunk (decodes first, then prefill chunks), samples a token for each sequence whose
-known tokens are all computed, and reports what each request gained. Preempted requests keep the tokens they
+The engine keeps the requests, their outputs, stops and stats; the ModelRunner owns the model, the cache and
+the kernels. One `step()` asks the scheduler for a batch, has the runner apply any copy-on-write block copies
+and run one forward pass over every scheduled chunk (decodes first, then prefill chunks), samples a token
+for each sequence whose known tokens are all computed, and reports what each request gained. Preempted requests keep the tokens they
 already streamed and recompute prompt + output on readmission (vLLM V1), so no client sees a token twice.
 
 No request can fail another. The per-request parts of a step (sampling, stop checks, detokenizing) run
@@ -26,20 +27,18 @@ import torch
 from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
 from kvtune.core.accounting import tokens_held
 from kvtune.core.request import FinishReason, RequestStatus
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.detokenize import IncrementalText
-from kvtune.engine_sidecar.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from kvtune.engine_sidecar.attention_metadata import ScheduledChunk
+from kvtune.engine_sidecar.choices import PendingChoices, choice_id
+from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.logprobs import TokenLogprobs, sampled_logprobs
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
+from kvtune.engine_sidecar.logprobs import TokenLogprobs
+from kvtune.engine_sidecar.model_runner import ModelRunner
+from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine_sidecar.stops import StopChecker
 from kvtune.engine_sidecar.tokenizer import load_tokenizer
-from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # vLLM's FinishReason.ERROR: the engine failed the request (counted apart from "abort", a client leaving).
 ERROR_FINISH_REASON = "error"
 # Where in a step a request failed (the label of kvtune:request_failures_total): its forward pass, its
@@ -99,13 +98,12 @@ class _Track:
     index: int
     params: SamplingParams
     generator: torch.Generator | None
-    text: IncrementalText
+    stops: StopChecker
     arrival: float
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
     num_cached_tokens: int = 0  # prefix-cache hit at first admission (a recompute's hit is not the client's)
-    children: list[Request] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -115,25 +113,11 @@ class LLMEngine:
         config.validate()
         self.config = config
         folder = Path(config.model)
-        checkpoint = open_checkpoint(folder)
-        self.model_config = checkpoint.config
-        if config.dtype != "auto" and config.dtype not in _DTYPES:
-            raise KvtuneError(f"--dtype must be auto, {', '.join(_DTYPES)}; got {config.dtype!r}")
-        dtype = _DTYPES.get(config.dtype, checkpoint.config.dtype)
-        self.device = torch.device(config.device)
-        self.model = load_model(
-            folder, dtype=dtype, device=self.device, attention_backend=config.attention_backend
-        )
+        self.runner = ModelRunner(config)
+        self.model_config = self.runner.model_config
+        self.max_model_len = self.runner.max_model_len
         self.tokenizer = load_tokenizer(folder)
         self.served_model_name = config.served_model_name or folder.name
-        self.cache = self._allocate_cache(dtype)
-        self.max_model_len = min(
-            config.max_model_len or self.model_config.max_model_len, self.cache.num_tokens
-        )
-        if config.max_model_len and config.max_model_len > self.model_config.max_model_len:
-            raise KvtuneError(
-                f"--max-model-len {config.max_model_len} exceeds the model's {self.model_config.max_model_len}"
-            )
         self.allocator = make_allocator(
             config.allocator,
             self.cache.num_blocks,
@@ -150,35 +134,17 @@ class LLMEngine:
             ),
         )
         self.max_tokens_cap = config.max_tokens_cap
-        self.sampler = Sampler()
         self.counters = EngineCounters()
         self._tracks: dict[str, _Track] = {}
+        self._choices = PendingChoices()
         self._finished_stats: list[FinishedStats] = []
         self._itl: list[float] = []
         self._eos = self.tokenizer.eos_token_ids | frozenset(self.model_config.eos_token_ids)
 
-    def _allocate_cache(self, dtype: torch.dtype) -> KVCache:
-        cfg = self.config
-        if cfg.kv_cache_tokens is not None:
-            return KVCache.for_model(
-                self.model_config, cfg.block_size, num_tokens=cfg.kv_cache_tokens,
-                cache_dtype=cfg.kv_cache_dtype, model_dtype=dtype, device=self.device,
-            )  # fmt: skip
-        memory = cfg.kv_cache_memory_bytes
-        if memory is None:
-            if self.device.type == "cuda":
-                free, total = torch.cuda.mem_get_info(self.device)
-                memory = int(free - (1 - cfg.gpu_memory_utilization) * total)
-                if memory <= 0:
-                    raise KvtuneError(
-                        "no GPU memory is left for the KV cache at this --gpu-memory-utilization"
-                    )
-            else:
-                memory = DEFAULT_CPU_KV_BYTES
-        return KVCache.for_model(
-            self.model_config, cfg.block_size, memory_bytes=memory,
-            cache_dtype=cfg.kv_cache_dtype, model_dtype=dtype, device=self.device,
-        )  # fmt: skip
+    @property
+    def cache(self) -> KVCache:
+        """The runner's KV cache: its geometry is what the metrics and the boot log report."""
+        return self.runner.cache
 
     # --- requests ------------------------------------------------------------------------------------
     def add_request(
@@ -206,7 +172,7 @@ class LLMEngine:
                 f"length {self.max_model_len}"
             )
         # Choice i > 0 runs as "<id>#<i>": no new id may collide with a live one either way round.
-        choice_ids = [self._choice_id(request_id, i) for i in range(params.n)]
+        choice_ids = [choice_id(request_id, i) for i in range(params.n)]
         if any(t.client_id == request_id for t in self._tracks.values()) or any(
             rid in self._tracks for rid in choice_ids
         ):
@@ -222,38 +188,32 @@ class LLMEngine:
             del self._tracks[parent.request_id]
             raise
         self.counters.capped_requests += capped
-        track = self._tracks[parent.request_id]
-        for index in range(1, params.n):
-            track.children.append(self._make_request(request_id, index, prompt_token_ids, params, arrival))
+        children = [
+            self._make_request(request_id, index, prompt_token_ids, params, arrival)
+            for index in range(1, params.n)
+        ]
+        self._choices.hold(parent.request_id, children)
 
     def _make_request(
         self, client_id: str, index: int, prompt: list[int], params: SamplingParams, arrival: float
     ) -> Request:
-        rid = self._choice_id(client_id, index)
+        rid = choice_id(client_id, index)
         expected = params.max_tokens if params.ignore_eos else None
         req = Request(rid, list(prompt), params.max_tokens, expected_output_len=expected)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device="cpu")
             generator.manual_seed(params.seed + index)
-        decode = self.tokenizer.decode
-        self._tracks[rid] = _Track(
-            client_id, index, params, generator, IncrementalText(decode, params.stop), arrival
-        )
+        stops = StopChecker(params, self._eos, self.tokenizer.decode)
+        self._tracks[rid] = _Track(client_id, index, params, generator, stops, arrival)
         return req
-
-    @staticmethod
-    def _choice_id(client_id: str, index: int) -> str:
-        return client_id if index == 0 else f"{client_id}#{index}"
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request and every choice of it, freeing their blocks (a client that went away)."""
         for rid, track in list(self._tracks.items()):
             if track.client_id != request_id:
                 continue
-            for child in track.children:
-                self._tracks.pop(child.request_id, None)
-            track.children.clear()
+            self._release_choices(rid)
             req = self.scheduler.abort(rid)
             if req is not None:
                 self._record_finished(req, track)
@@ -320,14 +280,16 @@ class LLMEngine:
                 self.counters.prefix_cache_hits += req.num_cached_tokens
                 self.counters.prompt_tokens += req.num_prompt_tokens if track.index == 0 else 0
         if out.copies:
-            self._copy_blocks(out.copies)
+            self.runner.copy_blocks(out.copies)
         if not out.requests:
             return self._drain_finished([])
         order = sorted(range(len(out.requests)), key=lambda i: out.num_tokens[i] != 1)
         reqs = [out.requests[i] for i in order]
         counts = [out.num_tokens[i] for i in order]
-        logits, faults = self._forward(reqs, counts)
+        logits, faults = self.runner.forward(self._chunks(reqs, counts))
         outputs: list[RequestOutput] = []
+        for i, err in faults.items():
+            logger.error("the forward pass of %s failed", reqs[i].request_id, exc_info=err)
         failed_clients = {self._tracks[reqs[i].request_id].client_id: err for i, err in faults.items()}
         for i in faults:
             # Its chunk's KV was never written: no later request may take those blocks as a prefix hit.
@@ -342,28 +304,11 @@ class LLMEngine:
             and req.num_computed_tokens == req.num_tokens
         ]
         sampling = [reqs[i] for i in rows]
-        row_logits = logits[rows]
-        # n > 1: a parent's first sample is where its choices split; they share its blocks from here.
-        extra_rows: list[int] = []
-        for j, req in enumerate(list(sampling)):
-            track = self._tracks[req.request_id]
-            while track.children:
-                child = track.children.pop(0)
-                if sched.fork_request(req, child):
-                    sampling.append(child)
-                    extra_rows.append(j)
-                else:
-                    sched.add_request(child)
-        if extra_rows:
-            row_logits = torch.cat([row_logits, row_logits[extra_rows]])
+        rows += [rows[parent] for parent in self._choices.fork(sched, sampling)]
         tracks = [self._tracks[r.request_id] for r in sampling]
-        tokens = self.sampler.sample(row_logits, [t.params for t in tracks], [t.generator for t in tracks])
-        wanted = [
-            None if isinstance(tok, Exception) else t.params.logprobs
-            for tok, t in zip(tokens, tracks, strict=True)
-        ]
-        sampled = [0 if isinstance(tok, Exception) else tok for tok in tokens]
-        logprobs = sampled_logprobs(row_logits, sampled, wanted)
+        tokens, logprobs = self.runner.sample(
+            logits, rows, [t.params for t in tracks], [t.generator for t in tracks]
+        )
         for req, track, token, token_logprobs in zip(sampling, tracks, tokens, logprobs, strict=True):
             if req.status is RequestStatus.FINISHED:
                 continue  # another choice of the same client request failed earlier in this loop
@@ -376,42 +321,14 @@ class LLMEngine:
                 outputs += self.fail_request(track.client_id, err, "output")
         return self._drain_finished(outputs)
 
-    def _forward(self, reqs: list[Request], counts: list[int]) -> tuple[torch.Tensor, dict[int, Exception]]:
-        """Next-token logits of every scheduled chunk, and the chunks whose forward pass raised.
-
-        The batch runs as one pass; if that raises, each chunk runs alone so that only the chunks that
-        fail on their own are reported (their rows of the returned logits are zeros, never read).
-        """
+    def _chunks(self, reqs: list[Request], counts: list[int]) -> list[ScheduledChunk]:
+        """What the runner computes for each scheduled request: its new tokens, after its cached ones."""
         chunks = []
         for req, n in zip(reqs, counts, strict=True):
             start = req.num_computed_tokens - n
             tokens = req.all_token_ids()[start : start + n] if n > 1 else [req.token_at(start)]
             chunks.append(ScheduledChunk(tokens, start, self.allocator.block_table(req)))
-        try:
-            return self._run_model(chunks), {}
-        except Exception as err:
-            if len(chunks) == 1:
-                logger.exception("the forward pass of %s failed", reqs[0].request_id)
-                return torch.zeros(1, self.model_config.vocab_size, device=self.device), {0: err}
-            logger.exception(
-                "a batched forward pass failed; retrying each of its %d chunks alone", len(chunks)
-            )
-        rows: list[torch.Tensor] = []
-        faults: dict[int, Exception] = {}
-        for i, chunk in enumerate(chunks):
-            try:
-                rows.append(self._run_model([chunk])[0])
-            except Exception as err:
-                logger.exception("the forward pass of %s failed on its own too", reqs[i].request_id)
-                faults[i] = err
-                rows.append(torch.zeros(self.model_config.vocab_size, device=self.device))
-        return torch.stack(rows), faults
-
-    def _run_model(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        batch = build_batch(chunks, self.cache.block_size, self.device, self.max_model_len)
-        with torch.inference_mode():
-            logits: torch.Tensor = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache)
-        return logits
+        return chunks
 
     # --- failures ------------------------------------------------------------------------------------
     def fail_request(self, request_id: str, error: Exception, stage: str) -> list[RequestOutput]:
@@ -425,9 +342,7 @@ class LLMEngine:
             return []
         first = self.scheduler.requests.get(tracks[0][0])
         for rid, track in tracks:
-            for child in track.children:
-                self._tracks.pop(child.request_id, None)
-            track.children.clear()
+            self._release_choices(rid)
             req = self.scheduler.abort(rid)
             if req is not None:
                 self._record_finished(req, track, ERROR_FINISH_REASON)
@@ -472,39 +387,33 @@ class LLMEngine:
             outputs += self.fail_request(client_id, error, "step")
         return self._drain_finished(outputs)
 
+    def _release_choices(self, parent_id: str) -> None:
+        """Forget the n > 1 choices still waiting on `parent_id`: they were never scheduled."""
+        for child in self._choices.release(parent_id):
+            self._tracks.pop(child.request_id, None)
+
     def _append(
         self, req: Request, track: _Track, token: int, now: float, logprobs: TokenLogprobs | None = None
     ) -> RequestOutput:
-        params = track.params
-        # ignore_eos ignores the model's EOS only; stop_token_ids the client asked for still stop (as vLLM).
-        eos = token in params.stop_token_ids or (not params.ignore_eos and token in self._eos)
         self.counters.generation_tokens += 1
         if track.first_token_at is None:
             track.first_token_at = now
         elif track.last_token_at is not None:
             self._itl.append(now - track.last_token_at)
         track.last_token_at = now
-        done = self.scheduler.append_token(req, token, eos=eos)
-        visible = req.output_token_ids[:-1] if eos else req.output_token_ids
-        delta = track.text.update(visible, final=done)
-        if track.text.stopped_by is not None:
-            # A stop string outranks max_tokens (vLLM checks it first): the reason is "stop" either way.
-            if done:
-                req.finish_reason = FinishReason.STOP
-            else:
-                self.scheduler.finish(req, FinishReason.STOP)
-                done = True
+        outcome = track.stops.append(self.scheduler, req, token)
+        done = outcome.finished
         return RequestOutput(
             request_id=track.client_id,
             index=track.index,
             new_token_ids=[token],
-            new_text=delta,
+            new_text=outcome.new_text,
             finished=done,
             finish_reason=req.finish_reason.value if done and req.finish_reason else None,
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=len(req.output_token_ids),
             num_cached_tokens=track.num_cached_tokens,
-            logprobs=None if eos else logprobs,
+            logprobs=None if outcome.stop_token else logprobs,
         )
 
     def _drain_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
@@ -534,12 +443,6 @@ class LLMEngine:
             )
         )
 
-    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
-        for layer in self.cache.layers:
-            layer[dst] = layer[src]
-
     # --- figures for metrics and logs ----------------------------------------------------------------
     def pop_finished_stats(self) -> tuple[list[FinishedStats], list[float]]:
         """Finished-request figures and inter-token latencies since the last call."""
@@ -553,7 +456,7 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting) + sum(len(t.children) for t in self._tracks.values())
+        return len(self.scheduler.waiting) + len(self._choices)
 
     @property
     def kv_cache_usage(self) -> float:

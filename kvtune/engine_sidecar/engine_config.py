@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtune.core.allocators import POLICIES
+from kvtune.engine_sidecar.config import MODEL_DTYPES
 from kvtune.errors import KvtuneError
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # vLLM's CPU build defaults to a fixed KV space too (VLLM_CPU_KVCACHE_SPACE)
@@ -28,10 +29,12 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str | None = None
     max_tokens_cap: int | None = None
-    seed: int = 0
+    seed: int = 0  # seeds torch's global generator at boot: what requests without their own seed draw from
 
     def validate(self) -> None:
         """One clear error for a configuration that cannot serve."""
+        if self.dtype != "auto" and self.dtype not in MODEL_DTYPES:
+            raise KvtuneError(f"--dtype must be auto, {', '.join(MODEL_DTYPES)}; got {self.dtype!r}")
         if self.block_size <= 0 or self.block_size % 16:
             raise KvtuneError(f"--block-size must be a positive multiple of 16, got {self.block_size}")
         if self.allocator not in POLICIES:

@@ -49,7 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name", help="the model name the API answers to (default: folder name)"
     )
-    parser.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto, float32, float16 or bfloat16; auto is the checkpoint's dtype, except that a float32 "
+        "checkpoint runs in bfloat16 on a CPU with AVX512-BF16, as vLLM runs it (the boot log says which)",
+    )
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-cache-tokens", type=int, help="KV pool size in tokens")
@@ -74,7 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
     parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds torch's global generator once at boot (as vLLM's --seed): requests without a seed of "
+        "their own draw from it, so a server restarted with the same seed and sent the same requests in "
+        "the same order samples the same tokens; a request's own seed makes it independent of the others",
+    )
     parser.add_argument(
         "--allow-special-tokens-in-content",
         action="store_true",
@@ -124,10 +136,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def log_dtype(engine: LLMEngine) -> None:
+    """One boot line: the dtype the model runs in, and why `--dtype` chose it."""
+    choice = engine.runner.dtype_choice
+    logger.info("Serving in %s (%s)", choice.name, choice.reason)
+
+
 def log_capacity(engine: LLMEngine) -> None:
     """vLLM's two boot lines; concurrency assumes every request uses the full max_model_len, as vLLM's."""
     pool = engine.cache.num_tokens
-    kind = "GPU" if engine.device.type == "cuda" else "CPU"
+    kind = "GPU" if engine.runner.device.type == "cuda" else "CPU"
     logger.info("%s KV cache size: %s tokens", kind, f"{pool:,}")
     logger.info(
         "Maximum concurrency for %s tokens per request: %.2fx",
@@ -173,6 +191,7 @@ def build_server(args: argparse.Namespace) -> Server:
     config = engine_config(args)
     engine = LLMEngine(config)
     engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
+    log_dtype(engine)
     log_capacity(engine)
     async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests)
     app = build_app(

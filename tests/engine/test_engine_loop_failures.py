@@ -42,20 +42,20 @@ def reference(tiny_dir: Path) -> Collector:
 
 def fail_rows_with_the_marked_seed(engine: LLMEngine, error: Exception) -> None:
     """From now on the engine's sampler raises `error` for a row sampled with MARKED_SEED."""
-    original = engine.sampler.sample_row
+    original = engine.runner.sampler.sample_row
 
     def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
         if params.seed == MARKED_SEED:
             raise error
         return original(logits, params, generator)
 
-    setattr(engine.sampler, "sample_row", sample_row)  # noqa: B010 (shadowing a method on purpose)
+    setattr(engine.runner.sampler, "sample_row", sample_row)  # noqa: B010 (shadowing a method on purpose)
 
 
 def fail_chunks_with_the_marker(engine: LLMEngine) -> list[int]:
     """From now on the model raises for any batch holding a chunk with FORWARD_MARKER in it (so a solo
     retry of any other chunk works). Returns the list of batch sizes at each raise."""
-    model = engine.model
+    model = engine.runner.model
     raised: list[int] = []
 
     def forward(input_ids: torch.Tensor, positions: torch.Tensor, metadata: Any, cache: Any) -> torch.Tensor:
@@ -68,7 +68,7 @@ def fail_chunks_with_the_marker(engine: LLMEngine) -> list[int]:
         out: torch.Tensor = model(input_ids, positions, metadata, cache)
         return out
 
-    setattr(engine, "model", forward)  # noqa: B010
+    setattr(engine.runner, "model", forward)  # noqa: B010
     return raised
 
 
@@ -177,15 +177,15 @@ def run_steps(engine: LLMEngine, steps: int, sink: Callable[[list[Any]], None] |
 def test_the_sampler_hook_goes_through_the_engines_own_sampler(tiny_dir: Path) -> None:
     """Guards the hook above: the engine samples through `Sampler.sample_row`, so the hook is honest."""
     engine = make_engine(tiny_dir)
-    assert isinstance(engine.sampler, Sampler)
+    assert isinstance(engine.runner.sampler, Sampler)
     calls: list[int] = []
-    original = engine.sampler.sample_row
+    original = engine.runner.sampler.sample_row
 
     def counting(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
         calls.append(1)
         return original(logits, params, generator)
 
-    setattr(engine.sampler, "sample_row", counting)  # noqa: B010
+    setattr(engine.runner.sampler, "sample_row", counting)  # noqa: B010
     generate(engine, {"s": PROMPTS["ok0"]}, lambda _: SamplingParams(max_tokens=3, ignore_eos=True, seed=1))
     assert len(calls) == 3
 

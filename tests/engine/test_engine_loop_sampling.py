@@ -47,13 +47,13 @@ def test_n_choices_share_the_prompt_blocks_and_copy_the_partial_one_on_write(
     alloc = engine.allocator
     assert isinstance(alloc, PagedAllocator)
     copies: list[tuple[int, int]] = []
-    copy_blocks = engine._copy_blocks
+    copy_blocks = engine.runner.copy_blocks
 
     def recording_copy(pairs: list[tuple[int, int]]) -> None:
         copies.extend(pairs)
         copy_blocks(pairs)
 
-    monkeypatch.setattr(engine, "_copy_blocks", recording_copy)
+    monkeypatch.setattr(engine.runner, "copy_blocks", recording_copy)
     engine.add_request("fork", prompt, greedy(NEW_TOKENS, ignore_eos=True, n=n))
     done = Collector()
     done.add(engine.step())  # the whole prompt, then the first token of each choice

@@ -83,8 +83,8 @@ class Faults:
 
 def install_faults(engine: LLMEngine, faults: Faults) -> None:
     """On the engine thread: make the live engine's sampler and model raise for the marked requests."""
-    sample_row = engine.sampler.sample_row
-    model = faults.real_model = engine.model
+    sample_row = engine.runner.sampler.sample_row
+    model = faults.real_model = engine.runner.model
 
     def faulty_sample_row(
         logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
@@ -109,13 +109,13 @@ def install_faults(engine: LLMEngine, faults: Faults) -> None:
         out: torch.Tensor = model(input_ids, positions, metadata, cache)
         return out
 
-    setattr(engine.sampler, "sample_row", faulty_sample_row)  # noqa: B010 (shadowing a method on purpose)
-    setattr(engine, "model", faulty_model)  # noqa: B010
+    setattr(engine.runner.sampler, "sample_row", faulty_sample_row)  # noqa: B010 (shadowing a method on purpose)
+    setattr(engine.runner, "model", faulty_model)  # noqa: B010
 
 
 def remove_faults(engine: LLMEngine, faults: Faults) -> None:
-    del engine.sampler.sample_row  # the instance attribute: the class's method shows through again
-    setattr(engine, "model", faults.real_model)  # noqa: B010
+    del engine.runner.sampler.sample_row  # the instance attribute: the class's method shows through again
+    setattr(engine.runner, "model", faults.real_model)  # noqa: B010
 
 
 async def healthy_stream(http: httpx.AsyncClient, body: dict[str, Any], started: asyncio.Event) -> str:
