@@ -107,7 +107,8 @@ class _Track:
 
 
 class LLMEngine:
-    """A paged-attention inference engine on one device."""
+    """A paged-attention inference engine on one device: the requests, their outputs, stops and stats, on
+    kvtune.core's scheduler; its ModelRunner does the computing."""
 
     def __init__(self, config: EngineConfig) -> None:
         config.validate()
