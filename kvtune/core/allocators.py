@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from kvtune.core.block_pool import BlockPool
+from kvtune.core.geometry import check_block_size
 from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens
 from kvtune.core.request import Request
 
@@ -51,8 +52,7 @@ class KVAllocator(ABC):
     name: str
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block size must be positive, got {block_size}")
+        check_block_size(block_size)
         if num_blocks <= 0:
             raise ValueError(f"the pool must hold at least one block, got {num_blocks}")
         self.num_blocks = num_blocks

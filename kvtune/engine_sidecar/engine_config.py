@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtune.core.allocators import POLICIES
+from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
 from kvtune.errors import KvtuneError
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # vLLM's CPU build defaults to a fixed KV space too (VLLM_CPU_KVCACHE_SPACE)
@@ -32,8 +33,9 @@ class EngineConfig:
 
     def validate(self) -> None:
         """One clear error for a configuration that cannot serve."""
-        if self.block_size <= 0 or self.block_size % 16:
-            raise KvtuneError(f"--block-size must be a positive multiple of 16, got {self.block_size}")
+        check_block_size(
+            self.block_size, multiple_of=KERNEL_BLOCK_MULTIPLE, name="--block-size", error=KvtuneError
+        )
         if self.allocator not in POLICIES:
             raise KvtuneError(f"--allocator must be one of {', '.join(POLICIES)}, got {self.allocator!r}")
         if self.kv_cache_tokens is not None and self.kv_cache_memory_bytes is not None:

@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kvtune.core import Scheduler, SchedulerConfig, make_allocator
-from kvtune.core.accounting import memory_map, snapshot
-from kvtune.core.geometry import MIB
+from kvtune.core.accounting import BLOCK_TABLE_ENTRY_BYTES, memory_map, snapshot
+from kvtune.core.geometry import MIB, QWEN3_8B
 from kvtune.sim.workload import Workload
 
 
@@ -30,7 +30,7 @@ class SimConfig:
     max_num_batched_tokens: int = 8192
     queue_depth: int = 64
     enable_prefix_caching: bool | None = None  # None: on exactly when the workload shares a prefix
-    bytes_per_token: int = 147_456
+    bytes_per_token: int = QWEN3_8B.bytes_per_token
     map_every: int = 0  # >0: keep a memory map every this many steps (for plots)
 
     @property
@@ -158,7 +158,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         external_fraction=sums["external"] / (cfg.num_blocks * cfg.block_size * window),
         held_and_empty_mib=empty_slots * cfg.bytes_per_token / MIB,
         held_and_empty_slots_per_sequence=empty_slots / max(1e-9, sums["resident"] / window),
-        block_table_kib=sums["table"] * 4 / window / 1024,
+        block_table_kib=sums["table"] * BLOCK_TABLE_ENTRY_BYTES / window / 1024,
         preemptions=sched.num_preemptions - preempt0,
         discarded_tokens=sched.discarded_tokens - discard0,
         delivered_tokens=sums["produced"],
