@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from kvtune.core.block_pool import BlockPool
 from kvtune.core.geometry import check_block_size
-from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens
+from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens, prompt_block_hashes
 from kvtune.core.request import Request
 
 POLICIES = ("paged", "contiguous", "oracle")
@@ -162,16 +162,12 @@ class PagedAllocator(KVAllocator):
         return self.pool.num_used_blocks + self.pool.num_shared_refs
 
     def _ensure_prompt_hashes(self, req: Request) -> None:
-        n_full = req.num_prompt_tokens // self.block_size
+        """Extend `req.block_hashes` over every full prompt block (kept across preemptions)."""
         hashes = req.block_hashes
-        if len(hashes) >= n_full:
+        if len(hashes) >= req.num_prompt_tokens // self.block_size:
             return
         parent = hashes[-1] if hashes else ROOT_HASH
-        bs = self.block_size
-        tokens = req.prompt_token_ids
-        for b in range(len(hashes), n_full):
-            parent = hash_block_tokens(parent, tokens[b * bs : (b + 1) * bs])
-            hashes.append(parent)
+        hashes += prompt_block_hashes(req.prompt_token_ids, self.block_size, start=len(hashes), parent=parent)
 
     def computed_prefix_tokens(self, req: Request) -> int:
         if not self.enable_prefix_caching:
