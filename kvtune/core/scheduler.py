@@ -127,7 +127,6 @@ class Scheduler:
     def schedule(self) -> SchedulerStep:
         """Decide this step's batch. Advances `num_computed_tokens` for everything scheduled."""
         alloc = self.allocator
-        capacity = alloc.capacity
         running = self.running
         out = SchedulerStep(step=self.step_index)
         reqs, counts = out.requests, out.num_tokens
@@ -135,11 +134,10 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            computed = req.num_computed_tokens
-            n = req.num_tokens - computed
+            n = req.num_tokens - req.num_computed_tokens
             if n > budget:
                 n = budget
-            if computed + n > capacity[req.request_id] and not self._grow_or_preempt(req, n, out):
+            if not alloc.can_append(req, n) and not self._grow_or_preempt(req, n, out):
                 break  # req itself was evicted: it was the last running request
             reqs.append(req)
             counts.append(n)
@@ -150,9 +148,7 @@ class Scheduler:
         for req, n in zip(reqs, counts, strict=True):
             req.num_computed_tokens += n
             alloc.on_computed(req)
-        if alloc.pending_copies:
-            out.copies = alloc.pending_copies
-            alloc.pending_copies = []
+        out.copies = alloc.take_copies()
         self.step_index += 1
         return out
 

@@ -235,6 +235,7 @@ def check_step(
         assert req.status is RequestStatus.RUNNING
         assert req in step.requests
     alloc = sched.allocator
+    assert alloc.pending_copies == [], "the step handed every copy-on-write copy to the runner"
     if isinstance(alloc, PagedAllocator):
         # A block written this step belongs to one sequence only (prefix hits and forks share read-only).
         bs = alloc.block_size
@@ -267,10 +268,14 @@ def check_memory(sched: Scheduler) -> None:
     assert set(sched.requests) == running_ids | {r.request_id for r in sched.waiting}
     assert set(alloc.capacity) == running_ids, "a request that is not running still holds memory"
     assert alloc.internal_slots >= 0
+    # Each sharer's table lists a shared block; the pool holds it once.
+    assert alloc.shared_slots == alloc.num_table_entries * alloc.block_size - alloc.slots_held
     for req in sched.running:
         assert req.num_computed_tokens <= min(req.num_tokens, alloc.capacity[req.request_id])
         table_slots = len(alloc.block_table(req)) * alloc.block_size
         capacity = alloc.capacity[req.request_id]
+        room = capacity - req.num_computed_tokens
+        assert alloc.can_append(req, room) and not alloc.can_append(req, room + 1)
         if isinstance(alloc, PagedAllocator):
             # After a fork, capacity stops at the written edge so the next write goes through grow (CoW);
             # a shared partial last block is never writable.
