@@ -171,8 +171,6 @@ class PagedAllocator(KVAllocator):
         self.blocks: dict[str, list[int]] = {}
         self._num_published: dict[str, int] = {}
         self._pending_hits: dict[str, list[int]] = {}
-        self.prefix_queries = 0
-        self.prefix_hits = 0
 
     @property
     def slots_held(self) -> int:
@@ -235,9 +233,6 @@ class PagedAllocator(KVAllocator):
         capacity = len(blocks) * self.block_size
         self._writable[rid] = capacity
         self._set_excess(req, capacity)
-        if self.enable_prefix_caching:
-            self.prefix_queries += req.num_prompt_tokens
-            self.prefix_hits += num_hit_tokens
         return None
 
     def grow(self, req: Request, num_new_tokens: int) -> bool:

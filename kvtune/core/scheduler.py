@@ -43,6 +43,25 @@ class Preemption:
 
 
 @dataclass
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters, in tokens: every request counts once, at its first admission.
+
+    A recompute after preemption finds the request's own blocks again; that is no hit for the client, so
+    it is not counted, nor is an n > 1 child forked onto its parent's prompt. The engine's
+    `vllm:prefix_cache_*` metrics and the simulator both read these.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    def record(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.requests += 1
+        self.queries += num_prompt_tokens
+        self.hits += num_hit_tokens
+
+
+@dataclass
 class SchedulerStep:
     """What one step runs: requests and how many tokens each computes, in order."""
 
@@ -76,6 +95,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.discarded_tokens = 0
         self.preemption_log: deque[Preemption] = deque(maxlen=1024)
+        self.prefix_cache = PrefixCacheStats()
         self.finished: list[Request] = []
 
     # --- queue management ----------------------------------------------------------------------------
@@ -185,6 +205,8 @@ class Scheduler:
             req.num_computed_tokens = hit
             req.num_cached_tokens = hit
             req.admitted_step = self.step_index
+            if req.num_preemptions == 0:
+                self.prefix_cache.record(req.num_prompt_tokens, hit)
             self.running.append(req)
             out.admitted.append(req)
             out.requests.append(req)

@@ -100,14 +100,15 @@ def simulate(cfg: SimConfig) -> SimResult:
     sums = dict.fromkeys(
         ("resident", "tokens", "held", "reserved", "internal", "external", "table", "produced"), 0
     )
-    preempt0 = discard0 = 0
-    shared_sum = shared_n = 0
+    preempt0 = discard0 = requests0 = hits0 = 0
     maps: list[list[int]] = []
     waiting = sched.waiting
     started = time.perf_counter()
     for step in range(cfg.steps):
         while len(waiting) < cfg.queue_depth:
             sched.add_request(stream.next())
+        if step == cfg.warmup:
+            requests0, hits0 = sched.prefix_cache.requests, sched.prefix_cache.hits
         out = sched.schedule()
         produced = 0
         for req in out.requests:
@@ -138,13 +139,11 @@ def simulate(cfg: SimConfig) -> SimResult:
             sums["external"] += snap.external_slots
             sums["table"] += snap.block_table_entries
             sums["produced"] += produced
-            for req in out.admitted:
-                if req.num_preemptions == 0:
-                    shared_sum += req.num_cached_tokens
-                    shared_n += 1
         sched.pop_finished()
     elapsed = time.perf_counter() - started
     held = max(1, sums["held"])
+    shared_n = sched.prefix_cache.requests - requests0
+    shared_sum = sched.prefix_cache.hits - hits0
     empty_slots = (sums["held"] - sums["tokens"]) / window
     return SimResult(
         policy=cfg.policy,
