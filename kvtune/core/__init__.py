@@ -14,7 +14,7 @@ from kvtune.core.block_pool import BlockPool
 from kvtune.core.geometry import ModelGeometry
 from kvtune.core.prefix_hash import hash_block_tokens, prompt_block_hashes
 from kvtune.core.request import FinishReason, Request, RequestStatus
-from kvtune.core.scheduler import Scheduler, SchedulerConfig, SchedulerStep
+from kvtune.core.scheduler import PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerStep
 
 __all__ = [
     "AdmissionBlock",
@@ -24,6 +24,7 @@ __all__ = [
     "KVAllocator",
     "ModelGeometry",
     "PagedAllocator",
+    "PrefixCacheStats",
     "Request",
     "RequestStatus",
     "Scheduler",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.core.allocators import KVAllocator, PagedAllocator
+from kvtune.core.allocators import KVAllocator
 from kvtune.core.scheduler import Scheduler
 
 BLOCK_TABLE_ENTRY_BYTES = 4  # vLLM keeps the table as int32
@@ -44,10 +44,7 @@ def tokens_held(scheduler: Scheduler) -> int:
     total = 0
     for req in scheduler.running:
         total += req.num_computed_tokens
-    alloc = scheduler.allocator
-    if isinstance(alloc, PagedAllocator):
-        total -= alloc.pool.num_shared_refs * alloc.block_size
-    return total
+    return total - scheduler.allocator.shared_slots
 
 
 def snapshot(scheduler: Scheduler, externally_blocked: bool = False) -> Snapshot:

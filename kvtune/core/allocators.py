@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kvtune.core.block_pool import BlockPool
-from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens
+from kvtune.core.geometry import check_block_size
+from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens, prompt_block_hashes
 from kvtune.core.request import Request
 
 POLICIES = ("paged", "contiguous", "oracle")
@@ -51,23 +54,49 @@ class KVAllocator(ABC):
     name: str
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block size must be positive, got {block_size}")
+        check_block_size(block_size)
         if num_blocks <= 0:
             raise ValueError(f"the pool must hold at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Slots each running request may fill before it needs more memory (the scheduler's fast path).
-        self.capacity: dict[str, int] = {}
+        # Per running request, the slots it may write without the allocator acting (allocating or copying).
+        self._writable: dict[str, int] = {}
         # Sum over running requests of slots held past their final length: never reached, known waste.
         self.internal_slots = 0
         self._excess: dict[str, int] = {}
         # Copies (src_block, dst_block) the runner must perform before the next forward pass.
-        self.pending_copies: list[tuple[int, int]] = []
+        self._pending_copies: list[tuple[int, int]] = []
 
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def capacity(self) -> Mapping[str, int]:
+        """Read-only: per running request, the slots it may write before `grow` must allocate or copy."""
+        return MappingProxyType(self._writable)
+
+    @property
+    def pending_copies(self) -> list[tuple[int, int]]:
+        """Read-only: the block copies `take_copies` will hand out next."""
+        return list(self._pending_copies)
+
+    def can_append(self, req: Request, num_new_tokens: int) -> bool:
+        """True when `req` can compute `num_new_tokens` more tokens in what it holds, with no `grow`.
+
+        The scheduler's fast path: most decode steps write into a block the request already owns.
+        """
+        return req.num_computed_tokens + num_new_tokens <= self._writable[req.request_id]
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Hand the runner the (src_block, dst_block) copies to perform before the next forward pass."""
+        copies, self._pending_copies = self._pending_copies, []
+        return copies
+
+    @property
+    def shared_slots(self) -> int:
+        """Slots that sequences share (prefix hits, forks): each sharer counts them, the pool holds them once."""
+        return 0
 
     @property
     @abstractmethod
@@ -106,10 +135,6 @@ class KVAllocator(ABC):
     def block_table(self, req: Request) -> list[int]:
         """Physical block ids of `req`'s logical blocks 0, 1, ..."""
 
-    def num_blocks_held(self, req: Request) -> int:
-        """Length of `req`'s block table, without building it."""
-        return self.capacity[req.request_id] // self.block_size
-
     @property
     def num_table_entries(self) -> int:
         """Block-table entries across running requests (a shared block appears in each sharer's table)."""
@@ -146,8 +171,6 @@ class PagedAllocator(KVAllocator):
         self.blocks: dict[str, list[int]] = {}
         self._num_published: dict[str, int] = {}
         self._pending_hits: dict[str, list[int]] = {}
-        self.prefix_queries = 0
-        self.prefix_hits = 0
 
     @property
     def slots_held(self) -> int:
@@ -161,17 +184,17 @@ class PagedAllocator(KVAllocator):
     def num_table_entries(self) -> int:
         return self.pool.num_used_blocks + self.pool.num_shared_refs
 
+    @property
+    def shared_slots(self) -> int:
+        return self.pool.num_shared_refs * self.block_size
+
     def _ensure_prompt_hashes(self, req: Request) -> None:
-        n_full = req.num_prompt_tokens // self.block_size
+        """Extend `req.block_hashes` over every full prompt block (kept across preemptions)."""
         hashes = req.block_hashes
-        if len(hashes) >= n_full:
+        if len(hashes) >= req.num_prompt_tokens // self.block_size:
             return
         parent = hashes[-1] if hashes else ROOT_HASH
-        bs = self.block_size
-        tokens = req.prompt_token_ids
-        for b in range(len(hashes), n_full):
-            parent = hash_block_tokens(parent, tokens[b * bs : (b + 1) * bs])
-            hashes.append(parent)
+        hashes += prompt_block_hashes(req.prompt_token_ids, self.block_size, start=len(hashes), parent=parent)
 
     def computed_prefix_tokens(self, req: Request) -> int:
         if not self.enable_prefix_caching:
@@ -208,11 +231,8 @@ class PagedAllocator(KVAllocator):
         self.blocks[rid] = blocks
         self._num_published[rid] = len(hits)
         capacity = len(blocks) * self.block_size
-        self.capacity[rid] = capacity
+        self._writable[rid] = capacity
         self._set_excess(req, capacity)
-        if self.enable_prefix_caching:
-            self.prefix_queries += req.num_prompt_tokens
-            self.prefix_hits += num_hit_tokens
         return None
 
     def grow(self, req: Request, num_new_tokens: int) -> bool:
@@ -227,13 +247,13 @@ class PagedAllocator(KVAllocator):
             return False
         if cow:
             (copy,) = self.pool.allocate(1)
-            self.pending_copies.append((blocks[-1], copy))
+            self._pending_copies.append((blocks[-1], copy))
             self.pool.release(blocks[-1])
             blocks[-1] = copy
         if need > 0:
             blocks.extend(self.pool.allocate(need))
         capacity = len(blocks) * bs
-        self.capacity[rid] = capacity
+        self._writable[rid] = capacity
         self._set_excess(req, capacity)
         return True
 
@@ -276,7 +296,7 @@ class PagedAllocator(KVAllocator):
             return
         self.pool.release_all(blocks)
         self._num_published.pop(rid, None)
-        self.capacity.pop(rid, None)
+        self._writable.pop(rid, None)
         self._drop_excess(req)
 
     def block_table(self, req: Request) -> list[int]:
@@ -290,18 +310,18 @@ class PagedAllocator(KVAllocator):
         self.blocks[rid] = blocks
         self._num_published[rid] = self._num_published[parent.request_id]
         child.block_hashes = list(parent.block_hashes)
-        capacity = len(blocks) * self.block_size
+        held = len(blocks) * self.block_size
+        self._writable[rid] = held
         if parent.num_computed_tokens % self.block_size:
-            # The last block is partial and now shared: the next write of either must go through grow,
-            # which copies it first. Capacity at the written edge sends both down that path.
-            capacity = parent.num_computed_tokens
-            self.capacity[parent.request_id] = capacity
-        self.capacity[rid] = capacity
-        self._set_excess(child, len(blocks) * self.block_size)
+            self._copy_on_write(parent.request_id, parent.num_computed_tokens)
+            self._copy_on_write(rid, parent.num_computed_tokens)
+        self._set_excess(child, held)
         return True
 
-    def num_blocks_held(self, req: Request) -> int:
-        return len(self.blocks[req.request_id])
+    def _copy_on_write(self, request_id: str, written: int) -> None:
+        """Make a shared partial last block read-only: writes end at the `written` edge, so the next one
+        goes through `grow`, which gives the writer a copy of its own first."""
+        self._writable[request_id] = written
 
     def admission_need(self, req: Request) -> int:
         """A paged request must be able to grow to its final length alone in the pool, or it never ends.
@@ -376,19 +396,20 @@ class ContiguousAllocator(KVAllocator):
         rid = req.request_id
         self.runs[rid] = (start, n)
         capacity = n * self.block_size
-        self.capacity[rid] = capacity
+        self._writable[rid] = capacity
         self._set_excess(req, capacity)
         return None
 
     def grow(self, req: Request, num_new_tokens: int) -> bool:
-        return req.num_computed_tokens + num_new_tokens <= self.capacity[req.request_id]
+        """A reservation never grows: the request fits in its run or the pool is out of memory for it."""
+        return self.can_append(req, num_new_tokens)
 
     def free(self, req: Request) -> None:
         rid = req.request_id
         run = self.runs.pop(rid, None)
         if run is None:
             return
-        self.capacity.pop(rid, None)
+        self._writable.pop(rid, None)
         self._drop_excess(req)
         start, n = run
         self._free_blocks += n

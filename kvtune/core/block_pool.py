@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from kvtune.core.geometry import check_block_size
+
 
 class BlockPool:
     """Blocks 0..num_blocks-1 with reference counts, a free queue and a hash -> block table."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block size must be positive, got {block_size}")
+        check_block_size(block_size)
         if num_blocks <= 0:
             raise ValueError(f"the pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks

@@ -34,6 +34,6 @@ def prompt_block_hashes(
         n_full = min(n_full, start + limit)
     hashes = []
     for b in range(start, n_full):
-        parent = hash((parent, tuple(token_ids[b * block_size : (b + 1) * block_size])))
+        parent = hash_block_tokens(parent, token_ids[b * block_size : (b + 1) * block_size])
         hashes.append(parent)
     return hashes

@@ -43,6 +43,25 @@ class Preemption:
 
 
 @dataclass
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters, in tokens: every request counts once, at its first admission.
+
+    A recompute after preemption finds the request's own blocks again; that is no hit for the client, so
+    it is not counted, nor is an n > 1 child forked onto its parent's prompt. The engine's
+    `vllm:prefix_cache_*` metrics and the simulator both read these.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    def record(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.requests += 1
+        self.queries += num_prompt_tokens
+        self.hits += num_hit_tokens
+
+
+@dataclass
 class SchedulerStep:
     """What one step runs: requests and how many tokens each computes, in order."""
 
@@ -76,6 +95,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.discarded_tokens = 0
         self.preemption_log: deque[Preemption] = deque(maxlen=1024)
+        self.prefix_cache = PrefixCacheStats()
         self.finished: list[Request] = []
 
     # --- queue management ----------------------------------------------------------------------------
@@ -127,7 +147,6 @@ class Scheduler:
     def schedule(self) -> SchedulerStep:
         """Decide this step's batch. Advances `num_computed_tokens` for everything scheduled."""
         alloc = self.allocator
-        capacity = alloc.capacity
         running = self.running
         out = SchedulerStep(step=self.step_index)
         reqs, counts = out.requests, out.num_tokens
@@ -135,11 +154,10 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            computed = req.num_computed_tokens
-            n = req.num_tokens - computed
+            n = req.num_tokens - req.num_computed_tokens
             if n > budget:
                 n = budget
-            if computed + n > capacity[req.request_id] and not self._grow_or_preempt(req, n, out):
+            if not alloc.can_append(req, n) and not self._grow_or_preempt(req, n, out):
                 break  # req itself was evicted: it was the last running request
             reqs.append(req)
             counts.append(n)
@@ -150,9 +168,7 @@ class Scheduler:
         for req, n in zip(reqs, counts, strict=True):
             req.num_computed_tokens += n
             alloc.on_computed(req)
-        if alloc.pending_copies:
-            out.copies = alloc.pending_copies
-            alloc.pending_copies = []
+        out.copies = alloc.take_copies()
         self.step_index += 1
         return out
 
@@ -189,6 +205,8 @@ class Scheduler:
             req.num_computed_tokens = hit
             req.num_cached_tokens = hit
             req.admitted_step = self.step_index
+            if req.num_preemptions == 0:
+                self.prefix_cache.record(req.num_prompt_tokens, hit)
             self.running.append(req)
             out.admitted.append(req)
             out.requests.append(req)

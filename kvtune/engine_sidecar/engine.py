@@ -277,9 +277,9 @@ class LLMEngine:
                 track.scheduled_at = now
             if req.num_preemptions == 0:
                 track.num_cached_tokens = req.num_cached_tokens
-                self.counters.prefix_cache_queries += req.num_prompt_tokens
-                self.counters.prefix_cache_hits += req.num_cached_tokens
                 self.counters.prompt_tokens += req.num_prompt_tokens if track.index == 0 else 0
+        self.counters.prefix_cache_queries = sched.prefix_cache.queries
+        self.counters.prefix_cache_hits = sched.prefix_cache.hits
         if out.copies:
             self.runner.copy_blocks(out.copies)
         if not out.requests:

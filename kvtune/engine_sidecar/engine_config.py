@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtune.core.allocators import POLICIES
+from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
 from kvtune.engine_sidecar.config import MODEL_DTYPES
 from kvtune.errors import KvtuneError
 
@@ -35,8 +36,9 @@ class EngineConfig:
         """One clear error for a configuration that cannot serve."""
         if self.dtype != "auto" and self.dtype not in MODEL_DTYPES:
             raise KvtuneError(f"--dtype must be auto, {', '.join(MODEL_DTYPES)}; got {self.dtype!r}")
-        if self.block_size <= 0 or self.block_size % 16:
-            raise KvtuneError(f"--block-size must be a positive multiple of 16, got {self.block_size}")
+        check_block_size(
+            self.block_size, multiple_of=KERNEL_BLOCK_MULTIPLE, name="--block-size", error=KvtuneError
+        )
         if self.allocator not in POLICIES:
             raise KvtuneError(f"--allocator must be one of {', '.join(POLICIES)}, got {self.allocator!r}")
         if self.kv_cache_tokens is not None and self.kv_cache_memory_bytes is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
 from kvtune.engine_sidecar.config import ModelConfig
 from kvtune.errors import KvtuneError
 from kvtune.kernels import cache_dtype_name, kv_bytes_per_token, resolve_cache_dtype
@@ -30,8 +31,7 @@ class KVCache:
     ) -> None:
         if num_blocks < 1:
             raise KvtuneError("the KV cache needs at least one block")
-        if block_size < 1 or block_size % 16 != 0:
-            raise KvtuneError(f"block size must be a positive multiple of 16, got {block_size}")
+        check_block_size(block_size, multiple_of=KERNEL_BLOCK_MULTIPLE, error=KvtuneError)
         # Uninitialised (huge pages on the CPU): the kernels read only slots that write_kv has filled.
         self.layers = [
             allocate_kv_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kvtune.core.geometry import ModelGeometry
 from kvtune.errors import KvtuneError
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -48,11 +49,14 @@ def cache_dtype_name(dtype: torch.dtype) -> str:
 def kv_bytes_per_token(
     cache_dtype: torch.dtype, num_kv_heads: int, head_dim: int, num_layers: int = 1
 ) -> int:
-    """Bytes one token occupies in the KV cache (K and V, all KV heads, `num_layers` layers)."""
+    """Bytes one token occupies in the KV cache (K and V, all KV heads, `num_layers` layers).
+
+    torch knows the element size; kvtune.core.geometry does the pricing, as it does for the simulator.
+    """
     if cache_dtype not in CACHE_DTYPES:
         raise KvtuneError(f"unsupported kv cache dtype {cache_dtype}")
     element = torch.empty((), dtype=cache_dtype).element_size()
-    return 2 * num_kv_heads * head_dim * element * num_layers
+    return ModelGeometry(num_layers, num_kv_heads, head_dim, element).bytes_per_token
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
 from kvtune.errors import KvtuneError
 from kvtune.kernels.cache_dtype import ACTIVATION_DTYPES, CACHE_DTYPES, FP8_DTYPE
 
@@ -30,8 +31,7 @@ def check_cache(kv_cache: torch.Tensor) -> CacheGeometry:
     if kv_cache.stride(-1) != 1:
         raise KvtuneError("kv_cache's head_dim must be contiguous")
     num_blocks, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-    if block_size % 16 != 0:
-        raise KvtuneError(f"block_size must be a multiple of 16, got {block_size}")
+    check_block_size(block_size, multiple_of=KERNEL_BLOCK_MULTIPLE, name="block_size", error=KvtuneError)
     return CacheGeometry(num_blocks, block_size, num_kv_heads, head_dim)
 
 

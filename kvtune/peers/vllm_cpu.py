@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtune.core.geometry import ModelGeometry, dtype_bytes
 from kvtune.errors import KvtuneError
 from kvtune.local_http import free_port, health_ok
 
@@ -111,7 +112,6 @@ def installed_versions(venv_dir: Path = DEFAULT_VENV_DIR) -> dict[str, str]:
     return {key: str(stamp[key]) for key in ("vllm", "transformers", "torch") if key in stamp}
 
 
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _KV_CACHE_SIZE_LINE = re.compile(r"(?P<pool>[\w +]+) KV cache size: (?P<tokens>[\d,]+) tokens")
 
 
@@ -131,14 +131,16 @@ def _read_config(model_dir: Path) -> dict[str, object]:
 
 def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
     """Bytes one token's keys and values take over all layers (vLLM's full-attention page layout)."""
-    if dtype not in _DTYPE_BYTES:
-        raise KvtuneError(f"KV dtype {dtype!r} is not one of {', '.join(sorted(_DTYPE_BYTES))}")
+    try:
+        element = dtype_bytes(dtype)
+    except ValueError as err:
+        raise KvtuneError(f"KV {err}") from None
     config = _read_config(model_dir)
     num_layers = int(str(config["num_hidden_layers"]))
     num_heads = int(str(config["num_attention_heads"]))
     num_kv_heads = int(str(config.get("num_key_value_heads", num_heads)))
     head_dim = int(str(config.get("head_dim") or int(str(config["hidden_size"])) // num_heads))
-    return num_layers * 2 * num_kv_heads * head_dim * _DTYPE_BYTES[dtype]
+    return ModelGeometry(num_layers, num_kv_heads, head_dim, element).bytes_per_token
 
 
 def kv_cache_memory_bytes(model_dir: Path, kv_cache_tokens: int, block_size: int, dtype: str) -> int:

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import replace
 
 from kvtune.core.allocators import POLICIES
-from kvtune.core.geometry import GIB, ModelGeometry
+from kvtune.core.geometry import GIB, ModelGeometry, check_block_size
 from kvtune.errors import KvtuneError
 from kvtune.sim.distributions import LengthDistribution
 from kvtune.sim.scenarios import SCENARIOS, SEED_OUTPUT_MEAN, scenario_config
@@ -89,8 +89,8 @@ def build_config(args: argparse.Namespace) -> SimConfig:
     """Turn flags into a SimConfig, with one clear error for anything that cannot run."""
     if args.policy not in POLICIES:
         raise KvtuneError(f"unknown policy {args.policy!r} (choose from {', '.join(POLICIES)})")
-    if args.block_size is not None and args.block_size <= 0:
-        raise KvtuneError(f"block size must be positive, got {args.block_size}")
+    if args.block_size is not None:
+        check_block_size(args.block_size, error=KvtuneError)
     if args.spread is not None and not 0 <= args.spread <= 100:
         raise KvtuneError(f"spread is a percentage from 0 to 100, got {args.spread:g}")
     overrides: dict[str, object] = {"policy": args.policy, "seed": args.seed}

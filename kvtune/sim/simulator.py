@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kvtune.core import Scheduler, SchedulerConfig, make_allocator
-from kvtune.core.accounting import memory_map, snapshot
-from kvtune.core.geometry import MIB
+from kvtune.core.accounting import BLOCK_TABLE_ENTRY_BYTES, memory_map, snapshot
+from kvtune.core.geometry import MIB, QWEN3_8B
 from kvtune.sim.workload import Workload
 
 
@@ -30,7 +30,7 @@ class SimConfig:
     max_num_batched_tokens: int = 8192
     queue_depth: int = 64
     enable_prefix_caching: bool | None = None  # None: on exactly when the workload shares a prefix
-    bytes_per_token: int = 147_456
+    bytes_per_token: int = QWEN3_8B.bytes_per_token
     map_every: int = 0  # >0: keep a memory map every this many steps (for plots)
 
     @property
@@ -100,14 +100,15 @@ def simulate(cfg: SimConfig) -> SimResult:
     sums = dict.fromkeys(
         ("resident", "tokens", "held", "reserved", "internal", "external", "table", "produced"), 0
     )
-    preempt0 = discard0 = 0
-    shared_sum = shared_n = 0
+    preempt0 = discard0 = requests0 = hits0 = 0
     maps: list[list[int]] = []
     waiting = sched.waiting
     started = time.perf_counter()
     for step in range(cfg.steps):
         while len(waiting) < cfg.queue_depth:
             sched.add_request(stream.next())
+        if step == cfg.warmup:
+            requests0, hits0 = sched.prefix_cache.requests, sched.prefix_cache.hits
         out = sched.schedule()
         produced = 0
         for req in out.requests:
@@ -138,13 +139,11 @@ def simulate(cfg: SimConfig) -> SimResult:
             sums["external"] += snap.external_slots
             sums["table"] += snap.block_table_entries
             sums["produced"] += produced
-            for req in out.admitted:
-                if req.num_preemptions == 0:
-                    shared_sum += req.num_cached_tokens
-                    shared_n += 1
         sched.pop_finished()
     elapsed = time.perf_counter() - started
     held = max(1, sums["held"])
+    shared_n = sched.prefix_cache.requests - requests0
+    shared_sum = sched.prefix_cache.hits - hits0
     empty_slots = (sums["held"] - sums["tokens"]) / window
     return SimResult(
         policy=cfg.policy,
@@ -158,7 +157,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         external_fraction=sums["external"] / (cfg.num_blocks * cfg.block_size * window),
         held_and_empty_mib=empty_slots * cfg.bytes_per_token / MIB,
         held_and_empty_slots_per_sequence=empty_slots / max(1e-9, sums["resident"] / window),
-        block_table_kib=sums["table"] * 4 / window / 1024,
+        block_table_kib=sums["table"] * BLOCK_TABLE_ENTRY_BYTES / window / 1024,
         preemptions=sched.num_preemptions - preempt0,
         discarded_tokens=sched.discarded_tokens - discard0,
         delivered_tokens=sums["produced"],

@@ -154,6 +154,23 @@ def test_allocator_grow_copies_a_shared_partial_block_before_writing() -> None:
     assert alloc.pool.ref_cnt[shared] == 1
     assert alloc.pool.ref_cnt[copy] == 1
     alloc.pool.check_invariants()
+    assert alloc.take_copies() == [(shared, copy)]
+    assert alloc.take_copies() == [] and alloc.pending_copies == [], "a copy is handed out once"
+
+
+def test_a_fork_makes_the_shared_partial_block_read_only_for_both() -> None:
+    _, alloc, parent = running_parent_with_partial_last_block()
+    child = Request("c", list(parent.prompt_token_ids), max_tokens=10)
+    child.num_computed_tokens = parent.num_computed_tokens
+    assert alloc.can_append(parent, 1)
+    assert alloc.fork(parent, child)
+    assert not alloc.can_append(parent, 1) and not alloc.can_append(child, 1)
+    assert alloc.grow(child, 1)
+    assert alloc.can_append(child, 1), "the child's copy is its own to write"
+    shared = alloc.block_table(parent)[-1]
+    assert alloc.grow(parent, 1) and alloc.block_table(parent)[-1] == shared
+    assert alloc.take_copies() == [(shared, alloc.block_table(child)[-1])], "the sole holder needs no copy"
+    assert alloc.can_append(parent, 1)
 
 
 def test_child_writing_into_a_shared_partial_block_gets_its_own_copy() -> None:

@@ -20,6 +20,7 @@ from kvtune.core import (
     ContiguousAllocator,
     FinishReason,
     PagedAllocator,
+    PrefixCacheStats,
     Request,
     RequestStatus,
     Scheduler,
@@ -104,6 +105,9 @@ class Driver:
     eos_after: dict[str, int | None] = field(default_factory=dict)
     seeds: dict[str, int] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)  # what happened, for hypothesis' statistics
+    # The prefix-cache counters as a client sees them: each request once, at its first admission.
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    admitted_ids: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         s = self.scenario
@@ -157,6 +161,7 @@ class Driver:
         step = sched.schedule()
         check_step(sched, step, running_before, preemptions_before)
         check_memory(sched)
+        self.check_prefix_cache(step)
         sampling = step.sampling_requests()
         if op.fork is not None and sampling:
             self.fork(sampling[op.fork % len(sampling)], sampling)
@@ -171,6 +176,17 @@ class Driver:
             self.seen.add(f"blocked: {step.blocked.reason}")
         return step
 
+    def check_prefix_cache(self, step: SchedulerStep) -> None:
+        """The scheduler's counters equal a count by request id: a readmission after preemption adds nothing."""
+        for req in step.admitted:
+            if req.request_id not in self.admitted_ids:
+                self.admitted_ids.add(req.request_id)
+                self.prefix_cache.record(req.num_prompt_tokens, req.num_cached_tokens)
+        stats = self.sched.prefix_cache
+        assert stats == self.prefix_cache
+        assert 0 <= stats.hits <= stats.queries
+        assert stats.hits % self.sched.allocator.block_size == 0, "a prefix hit is whole blocks"
+
     def fork(self, parent: Request, sampling: list[Request]) -> None:
         """n > 1 sampling: fork a request whose prompt was just computed (it holds no output yet)."""
         sched = self.sched
@@ -182,6 +198,7 @@ class Driver:
         )
         if sched.fork_request(parent, child):
             self.seen.add("forked")
+            self.admitted_ids.add(child.request_id)  # started on its parent's prompt: no query of its own
             self.seeds[child.request_id] = seed
             self.eos_after[child.request_id] = None
             self.added.append(child)
@@ -235,6 +252,7 @@ def check_step(
         assert req.status is RequestStatus.RUNNING
         assert req in step.requests
     alloc = sched.allocator
+    assert alloc.pending_copies == [], "the step handed every copy-on-write copy to the runner"
     if isinstance(alloc, PagedAllocator):
         # A block written this step belongs to one sequence only (prefix hits and forks share read-only).
         bs = alloc.block_size
@@ -267,10 +285,14 @@ def check_memory(sched: Scheduler) -> None:
     assert set(sched.requests) == running_ids | {r.request_id for r in sched.waiting}
     assert set(alloc.capacity) == running_ids, "a request that is not running still holds memory"
     assert alloc.internal_slots >= 0
+    # Each sharer's table lists a shared block; the pool holds it once.
+    assert alloc.shared_slots == alloc.num_table_entries * alloc.block_size - alloc.slots_held
     for req in sched.running:
         assert req.num_computed_tokens <= min(req.num_tokens, alloc.capacity[req.request_id])
         table_slots = len(alloc.block_table(req)) * alloc.block_size
         capacity = alloc.capacity[req.request_id]
+        room = capacity - req.num_computed_tokens
+        assert alloc.can_append(req, room) and not alloc.can_append(req, room + 1)
         if isinstance(alloc, PagedAllocator):
             # After a fork, capacity stops at the written edge so the next write goes through grow (CoW);
             # a shared partial last block is never writable.

@@ -8,6 +8,7 @@ from kvtune.core import (
     ContiguousAllocator,
     FinishReason,
     PagedAllocator,
+    PrefixCacheStats,
     Request,
     RequestStatus,
     Scheduler,
@@ -205,15 +206,21 @@ def test_preemption_without_discard_keeps_the_output_and_discards_nothing() -> N
     assert sched.preemption_log[-1].discarded_tokens == 0
 
 
-def test_a_step_that_preempted_admits_nobody() -> None:
-    # a (1 block) and b (2 blocks) fill 3 of 4 blocks. Next step a takes the last block and b, the newest,
-    # must evict itself. Its 2 freed blocks would let it back in at once, but not in the same step.
+def two_running_requests_about_to_run_dry() -> tuple[Scheduler, Request, Request]:
+    """a (1 block) and b (2 blocks) fill 3 of 4 blocks; at the next step a takes the last block and b,
+    the newest, must evict itself."""
     sched = paged(4, 4)
     a = Request("a", prompt(4), max_tokens=8)
     b = Request("b", prompt(8, start=100), max_tokens=8)
     sched.add_request(a)
     sched.add_request(b)
     run_step(sched)
+    return sched, a, b
+
+
+def test_a_step_that_preempted_admits_nobody() -> None:
+    # b's 2 freed blocks would let it back in at once, but not in the same step.
+    sched, a, b = two_running_requests_about_to_run_dry()
     step = run_step(sched)
     assert step.preempted == [b]
     assert step.admitted == []
@@ -222,6 +229,22 @@ def test_a_step_that_preempted_admits_nobody() -> None:
     step = run_step(sched)
     assert step.admitted == [b]
     assert b.num_cached_tokens == 4, "the readmitted request should find its own prompt block cached"
+
+
+def test_prefix_cache_counters_count_each_request_once_at_first_admission() -> None:
+    # b's readmission after its preemption hits its own prompt block, which is no client's hit.
+    sched, _, b = two_running_requests_about_to_run_dry()
+    assert sched.prefix_cache == PrefixCacheStats(requests=2, queries=12, hits=0)
+    run_step(sched)
+    step = run_step(sched)
+    assert step.admitted == [b] and b.num_cached_tokens == 4
+    assert sched.prefix_cache == PrefixCacheStats(requests=2, queries=12, hits=0)
+    c = Request("c", [*prompt(4), 7], max_tokens=1)
+    sched.add_request(c)
+    while c.status is not RequestStatus.RUNNING and sched.has_work:
+        run_step(sched)
+    assert c.num_cached_tokens == 4, "c shares a's whole first block"
+    assert sched.prefix_cache == PrefixCacheStats(requests=3, queries=17, hits=4)
 
 
 def test_a_preempted_request_recomputes_from_its_prompt_and_still_finishes() -> None:
