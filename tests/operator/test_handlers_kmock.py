@@ -29,6 +29,7 @@ from kvtune.operator.events import PolicyRef
 from kvtune.operator.k8s_actuator import read_flag, set_flag
 from kvtune.operator.kube_api import METADATA_ONLY, USER_AGENT, KubeApi
 from kvtune.operator.policy_tick import PolicyMemory, run_once
+from tests.operator.helpers import reply
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NS = "inference"
@@ -77,21 +78,13 @@ class MetricsHandler(BaseHTTPRequestHandler):
         server = self.server
         if self.path == "/admin/config":
             server.admin_tokens.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
-            knobs = json.dumps({"max_num_seqs": 64, "max_tokens_cap": None}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(knobs)))
-            self.end_headers()
-            self.wfile.write(knobs)
+            knobs = {"max_num_seqs": 64, "max_tokens_cap": None}
+            reply(self, 200, "application/json", json.dumps(knobs).encode())
             return
         index = min(getattr(server, "reads", 0), len(server.files) - 1)  # type: ignore[attr-defined]
         server.reads = getattr(server, "reads", 0) + 1  # type: ignore[attr-defined]
         body = (FIXTURES / server.files[index]).read_bytes()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, 200, "text/plain; version=0.0.4", body)
 
     def log_message(self, *args: Any) -> None:
         pass

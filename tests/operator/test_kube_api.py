@@ -12,6 +12,7 @@ import kopf
 import pytest
 
 from kvtune.operator.kube_api import KubeApi, KubeError
+from tests.operator.helpers import reply
 
 
 class TokenCheckingHandler(BaseHTTPRequestHandler):
@@ -23,12 +24,7 @@ class TokenCheckingHandler(BaseHTTPRequestHandler):
         status, body = (
             (200, {"kind": "Secret"}) if token == "Bearer current" else (401, {"reason": "Unauthorized"})
         )
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply(self, status, "application/json", json.dumps(body).encode())
 
     def log_message(self, *args: object) -> None:
         pass
