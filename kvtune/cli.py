@@ -1,4 +1,4 @@
-"""`kvtune <verb>`: the command-line contract of DESIGN.md.
+"""`kvtune <verb>`: the public command-line contract, the verbs and flags the README documents.
 
 Each verb lives in its own module and registers its flags through `add_arguments(parser)` and runs through
 `run(args) -> int`; this file only wires them up and turns errors into one clear line on stderr.

@@ -1,9 +1,9 @@
 """Prometheus metrics under vLLM V1's names (so dashboards and rules work unchanged) plus kvtune's own.
 
 Series live in a private registry, served in the classic text format 0.0.4: Prometheus 2.x stores colon
-names scraped as OpenMetrics under underscore names, so every `vllm:` rule would miss (see
-reference/observability.md). Counters are fed from the engine's cumulative counters by difference, so they
-stay monotonic whatever order snapshots arrive in; histograms observe each finished request exactly once.
+names scraped as OpenMetrics under underscore names, so every `vllm:` rule would miss. Counters are fed
+from the engine's cumulative counters by difference, so they stay monotonic whatever order snapshots
+arrive in; histograms observe each finished request exactly once.
 """
 
 from __future__ import annotations

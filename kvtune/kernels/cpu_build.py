@@ -7,8 +7,12 @@ batch 64, contexts 300-1800, block 16, 2 threads, caches far larger than L3):
   numba has no bf16 or fp8 types, so those caches would need bit tricks in Python-level code;
 - a torch C++ extension: the same code could live there, but a trivial `load_inline` took 29 s to build
   (torch's headers), which every fresh CI machine would pay.
-GCC vector extensions (`vector_size`) give explicit 16-lane code that compiles to AVX-512 here and to
-narrower vectors elsewhere, with no intrinsics tied to one ISA (`__builtin_shuffle` needs GCC).
+GCC vector extensions (`vector_size`, `__builtin_shuffle`, so GCC is needed) give explicit 16-lane code
+that compiles to AVX-512 here and to narrower vectors elsewhere. On top of that, `-march=native` switches on
+AVX-512 intrinsics where the CPU has them, each behind an `#if` with a portable fallback: AVX512F for
+broadcasts and exp; AVX512-BF16 (with F and BW) for bf16 dot products (`vdpbf16ps`) on bf16 and fp8 caches,
+which AVX512-VBMI speeds up further for fp8 with a byte-permute conversion; without AVX512-BF16 those caches
+take the vector-extension path.
 The library is cached under ~/.cache/kvtune (or $KVTUNE_CACHE_DIR), keyed by the source, the flags, the
 compiler and the CPU, and written atomically so concurrent first uses cannot load a half-written file.
 `python -m kvtune.kernels.cpu_build` builds it ahead of time.

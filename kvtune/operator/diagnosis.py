@@ -67,7 +67,10 @@ class Diagnosis:
     mean_footprint_concurrency: int | None = None  # pool / mean footprint: every resident at its mean size
     pooled_p95_concurrency: int | None = None  # residents whose total footprint's p95 fits the pool
     boot_line_concurrency: float | None = None
-    prefix_defeats: tuple[tuple[str, float], ...] = ()  # (reason, count) from a defeat report
+    # (reason, count) from `kvtune:prefix_defeats_total`, which nothing emits yet: the series comes with the
+    # prefix-defeat detector (issue 13); until then this stays empty and the ladder's prefix rung fires only
+    # on a declared shared-prefix length
+    prefix_defeats: tuple[tuple[str, float], ...] = ()
     findings: tuple[Finding, ...] = ()
 
     @property

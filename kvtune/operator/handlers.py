@@ -1,6 +1,7 @@
 """The kopf handlers: thin. One daemon per KVTuningPolicy acts as its timer (the interval comes from the
 policy's spec and may change while it runs, which a kopf timer's fixed interval cannot follow); each tick
-runs `policy_tick.run_once` in a worker thread. Progress and diff-base go to annotations, so kopf writes
+runs `policy_tick.run_once` in a worker thread. One Kubernetes client serves the whole process: made at
+startup, kept in kopf's memo, closed at cleanup. Progress and diff-base go to annotations, so kopf writes
 nothing into the status the CRD schema owns."""
 
 from __future__ import annotations
@@ -22,11 +23,17 @@ INVALID_SPEC_RETRY_S = 60.0
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING  # kopf's own handler Events: only problems
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    memo.kube_api = KubeApi.from_environment()  # every policy's daemon gets a copy of this memo
+
+
+@kopf.on.cleanup()
+def close_client(memo: kopf.Memo, **_: Any) -> None:
+    memo.kube_api.close()
 
 
 @kopf.on.login()
@@ -35,12 +42,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def tick(ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory,
+def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory,
          generation: int | None, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:  # fmt: skip
     """One evaluation, in a worker thread; nothing it meets may stop the daemon."""
     try:
-        with KubeApi.from_environment() as api:
-            outcome = run_once(api, ref, spec, memory, time.time(), generation)
+        outcome = run_once(api, ref, spec, memory, time.time(), generation)
         logger.info("%s", outcome.status.note)
     except KubeError as err:
         logger.error("Kubernetes API: %s", err)
@@ -55,6 +61,7 @@ async def tune(
     name: str,
     namespace: str | None,
     stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
@@ -68,5 +75,5 @@ async def tune(
             await stopped.wait(INVALID_SPEC_RETRY_S)
             continue
         generation = body.metadata.get("generation")
-        await asyncio.to_thread(tick, ref, spec, memory, generation, logger)
+        await asyncio.to_thread(tick, memo.kube_api, ref, spec, memory, generation, logger)
         await stopped.wait(float(spec.interval_seconds))

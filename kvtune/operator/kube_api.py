@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import ssl
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,11 @@ import httpx
 import kopf
 
 MERGE_PATCH = "application/merge-patch+json"
+# metadata only (no data travels), or the whole object from an API server that cannot answer that
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+USER_AGENT = "kvtune-operator"
 Json = dict[str, Any]
+Login = Callable[[], kopf.ConnectionInfo]
 
 
 @dataclass(frozen=True)
@@ -29,52 +35,54 @@ class KubeError(Exception):
         return f"HTTP {self.status} {self.reason}: {self.message}" if self.status else self.message
 
 
-class KubeApi:
-    def __init__(
-        self,
-        server: str,
-        token: str | None = None,
-        verify: bool | ssl.SSLContext = True,
-        cert: tuple[str, str] | None = None,
-        timeout: float = 10.0,
-    ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.server = server.rstrip("/")
-        self.client = httpx.Client(
-            base_url=self.server, headers=headers, verify=verify, cert=cert, timeout=timeout
-        )
+def _client(info: kopf.ConnectionInfo, timeout: float) -> httpx.Client:
+    """An HTTP client for a kopf ConnectionInfo (token, CA, client certificate files, insecure flag)."""
+    verify: bool | ssl.SSLContext = not info.insecure
+    if verify and (info.ca_path or info.ca_data):
+        context = ssl.create_default_context()
+        if info.ca_path:
+            context.load_verify_locations(cafile=str(info.ca_path))
+        else:
+            data = info.ca_data.encode() if isinstance(info.ca_data, str) else info.ca_data
+            context.load_verify_locations(cadata=base64.b64decode(data or b"").decode())
+        verify = context
+    if info.certificate_data or info.private_key_data:
+        raise KubeError(0, "Unsupported", "client-certificate-data is not supported: use a token or files")
+    cert = None
+    if info.certificate_path and info.private_key_path:
+        cert = (str(info.certificate_path), str(info.private_key_path))
+    headers = {"User-Agent": USER_AGENT}
+    if info.token:
+        headers["Authorization"] = f"Bearer {info.token}"
+    return httpx.Client(
+        base_url=info.server.rstrip("/"), headers=headers, verify=verify, cert=cert, timeout=timeout
+    )
 
-    @staticmethod
-    def from_connection(info: kopf.ConnectionInfo) -> KubeApi:
-        """Use a kopf ConnectionInfo (token, CA, client certificate files, insecure flag)."""
-        verify: bool | ssl.SSLContext = not info.insecure
-        if verify and (info.ca_path or info.ca_data):
-            context = ssl.create_default_context()
-            if info.ca_path:
-                context.load_verify_locations(cafile=str(info.ca_path))
-            else:
-                data = info.ca_data.encode() if isinstance(info.ca_data, str) else info.ca_data
-                context.load_verify_locations(cadata=base64.b64decode(data or b"").decode())
-            verify = context
-        if info.certificate_data or info.private_key_data:
-            raise KubeError(
-                0, "Unsupported", "client-certificate-data is not supported: use a token or files"
-            )
-        cert = None
-        if info.certificate_path and info.private_key_path:
-            cert = (str(info.certificate_path), str(info.private_key_path))
-        return KubeApi(info.server, info.token, verify, cert)
+
+class KubeApi:
+    """One per process, shared by every evaluation: it logs in once, and again only when the API server
+    answers 401 Unauthorized (a service-account token is rotated on disk while the pod runs)."""
+
+    def __init__(self, login: Login, timeout: float = 10.0) -> None:
+        self._login = login
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self.client = _client(login(), timeout)
 
     @staticmethod
     def from_environment(settings: kopf.OperatorSettings | None = None) -> KubeApi:
         """The service account inside a pod, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
-        settings = settings or kopf.OperatorSettings()
-        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-            settings=settings
-        )
-        if info is None:
-            raise KubeError(0, "NoCredentials", "no service account token and no kubeconfig")
-        return KubeApi.from_connection(info)
+        chosen = settings or kopf.OperatorSettings()
+
+        def login() -> kopf.ConnectionInfo:
+            info = kopf.login_with_service_account(settings=chosen) or kopf.login_with_kubeconfig(
+                settings=chosen
+            )
+            if info is None:
+                raise KubeError(0, "NoCredentials", "no service account token and no kubeconfig")
+            return info
+
+        return KubeApi(login)
 
     def close(self) -> None:
         self.client.close()
@@ -85,14 +93,36 @@ class KubeApi:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(
-        self, method: str, path: str, body: Json | None = None, content_type: str | None = None
-    ) -> Json:
-        headers = {"Content-Type": content_type} if content_type else {}
+    def _relogin(self, stale: httpx.Client) -> None:
+        """Log in again, once for every thread that met the stale credentials."""
+        with self._lock:
+            if self.client is stale:
+                self.client = _client(self._login(), self._timeout)
+                stale.close()
+
+    def _send(self, method: str, path: str, body: Json | None, headers: dict[str, str]) -> httpx.Response:
+        client = self.client
         try:
-            response = self.client.request(method, path, json=body, headers=headers)
+            response = client.request(method, path, json=body, headers=headers)
+            if response.status_code == 401:
+                self._relogin(client)
+                response = self.client.request(method, path, json=body, headers=headers)
         except httpx.HTTPError as err:
             raise KubeError(0, "Unreachable", f"{method} {path}: {type(err).__name__}: {err}") from None
+        return response
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Json | None = None,
+        content_type: str | None = None,
+        accept: str | None = None,
+    ) -> Json:
+        headers = {"Content-Type": content_type} if content_type else {}
+        if accept:
+            headers["Accept"] = accept
+        response = self._send(method, path, body, headers)
         if response.status_code >= 400:
             try:
                 status = response.json()
@@ -109,6 +139,10 @@ class KubeApi:
     def get(self, path: str) -> Json:
         return self.request("GET", path)
 
+    def get_metadata(self, path: str) -> Json:
+        """An object's metadata alone: enough to see whether it changed since it was last read."""
+        return self.request("GET", path, accept=METADATA_ONLY)
+
     def merge_patch(self, path: str, body: Json) -> Json:
         return self.request("PATCH", path, body, MERGE_PATCH)
 
@@ -120,10 +154,5 @@ def deployment_path(namespace: str, name: str) -> str:
     return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
 
 
-def secret_value(api: KubeApi, namespace: str, name: str, key: str) -> str:
-    """One key of a Secret, decoded."""
-    secret = api.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
-    encoded = (secret.get("data") or {}).get(key)
-    if encoded is None:
-        raise KubeError(404, "KeyNotFound", f"secret {namespace}/{name} has no key {key!r}")
-    return base64.b64decode(encoded).decode().strip()
+def secret_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/secrets/{name}"

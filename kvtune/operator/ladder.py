@@ -202,6 +202,9 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
 
 
 def flag_prefix_defeat(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Advice:
+    """Rung 3. A defeat report (`kvtune:prefix_defeats_total`) flags at once, but nothing emits that series
+    yet: it comes with the prefix-defeat detector (issue 13). Until then the rung fires only when the policy
+    declares a shared-prefix length and the prefix-cache hit rate stays below the policy's floor."""
     rate = d.prefix_hit_rate
     rate_text = "n/a" if rate is None else f"{rate:.0%} ({d.prefix_hit_rate_source})"
     if d.prefix_defeats:

@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kvtune.operator.actuators import Actuator, ActuatorResult
@@ -41,6 +41,7 @@ class Tick:
     restart: str | None = None  # why the engine is judged to have restarted since the last sample
     reapplied: tuple[tuple[str, Value, ActuatorResult], ...] = ()  # desired values put back this tick
     evidence_since: float | None = None  # the oldest sample the decision could see
+    engine: EngineView | None = None  # the engine at the end of the tick, after any change it made
 
 
 def window_length(policy: TuningPolicy, interval: float) -> int:
@@ -49,16 +50,15 @@ def window_length(policy: TuningPolicy, interval: float) -> int:
     return max(3, math.ceil(span / interval) + 2)
 
 
-def live_view(sample: Sample, actuator: Actuator) -> EngineView:
-    """The engine as its metrics describe it, with the knobs the actuator reads back (authoritative: the
-    gauges only move when the engine steps)."""
-    current = actuator.current()
-    known = EngineView(knobs=actuator.knobs)
+def live_view(sample: Sample, knobs: frozenset[str], current: ActuatorResult) -> EngineView:
+    """The engine as its metrics describe it, with the knob values the actuator read back (authoritative:
+    the gauges only move when the engine steps)."""
+    known = EngineView(knobs=knobs)
     if current.ok:
         known = EngineView(
             max_num_seqs=current.values.get("max_num_seqs"),
             max_tokens_cap=current.values.get("max_tokens_cap"),
-            knobs=actuator.knobs,
+            knobs=knobs,
         )
     view = engine_view_from_sample(sample, known)
     if current.ok and current.values.get("max_tokens_cap") is None:
@@ -66,15 +66,25 @@ def live_view(sample: Sample, actuator: Actuator) -> EngineView:
     return view
 
 
+def after_calls(current: ActuatorResult, calls: Iterable[ActuatorResult]) -> ActuatorResult:
+    """The knob values once `calls` are done: what `current` read, updated by each successful call (an
+    actuator answers with the values it holds after the call), so a tick reads the actuator only once."""
+    values = dict(current.values) if current.ok else {}
+    done = [call for call in calls if call.ok]
+    for call in done:
+        values.update(call.values)
+    ok = current.ok or bool(done)
+    return ActuatorResult(ok, values, None if ok else current.error)
+
+
 def reapply_desired(
-    actuator: Actuator, policy: TuningPolicy, state: TunerState
+    actuator: Actuator, policy: TuningPolicy, state: TunerState, current: ActuatorResult
 ) -> tuple[tuple[str, Value, ActuatorResult], ...]:
-    """Put back every desired value the engine does not hold (Apply mode only); failures are logged and
-    simply tried again next tick."""
+    """Put back every desired value the engine does not hold (`current`, read this tick; Apply mode only);
+    failures are logged and simply tried again next tick."""
     desired = {knob: value for knob, value in state.desired if knob in actuator.knobs}
     if policy.mode is not Mode.APPLY or not desired:
         return ()
-    current = actuator.current()
     if not current.ok:
         return ()
     done: list[tuple[str, Value, ActuatorResult]] = []
@@ -96,7 +106,8 @@ def step(
     samples: deque[Sample],
     now: float,
 ) -> Tick:
-    """Read one sample, decide, apply what the decision says; returns the tick with the new state."""
+    """Read one sample, decide, apply what the decision says; returns the tick with the new state. The
+    actuator's values are read once, and followed through the changes the tick makes."""
     result = source.read()
     if isinstance(result, NoData):
         logger.warning("no data from %s: %s", result.source, result.reason)
@@ -109,8 +120,10 @@ def step(
         samples.clear()
         state = state.after_engine_restart(now)
     samples.append(result)
-    reapplied = reapply_desired(actuator, policy, state)
-    engine = live_view(result, actuator)
+    current = actuator.current()
+    reapplied = reapply_desired(actuator, policy, state, current)
+    current = after_calls(current, (outcome for _, _, outcome in reapplied))
+    engine = live_view(result, actuator.knobs, current)
     window = Window.of(samples)
     decision, new_state = decide(window, engine, policy, state, now)
     for advice in decision.advice:
@@ -130,8 +143,9 @@ def step(
             logger.error("could not apply %s=%s: %s", change.knob, change.value, outcome.error)
             new_state = state
     since = window.samples[0].timestamp
+    after = live_view(result, actuator.knobs, after_calls(current, (outcome for _, outcome in applied)))
     return Tick(now, decision, tuple(applied), state=new_state, restart=restart, reapplied=reapplied,
-                evidence_since=since)  # fmt: skip
+                evidence_since=since, engine=after)  # fmt: skip
 
 
 def run_loop(

@@ -32,11 +32,12 @@ from kvtune.operator.diagnosis import Diagnosis
 from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.events import EventSpec, PolicyRef, post_event
 from kvtune.operator.k8s_actuator import DeploymentArgsActuator
-from kvtune.operator.kube_api import KubeApi, KubeError, secret_value
+from kvtune.operator.kube_api import KubeApi, KubeError
 from kvtune.operator.ladder import Remedy, flag_prefix_defeat, recommend_fp8_kv
-from kvtune.operator.local import Tick, live_view, step, window_length
+from kvtune.operator.local import Tick, step, window_length
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sample import Sample
+from kvtune.operator.secret_cache import SecretCache
 from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource
 from kvtune.operator.tuner import Figures, HistoryEntry, TunerState
 
@@ -74,7 +75,8 @@ class UnavailableActuator:
 @dataclass
 class PolicyMemory:
     """What the operator keeps between evaluations of one policy: the tuner state (also in status, to
-    resume), the sample window (memory only: rebuilt within a few intervals) and the last conditions."""
+    resume), the sample window (memory only: rebuilt within a few intervals), the last conditions and the
+    Secrets read (re-read only when they change)."""
 
     state: TunerState = field(default_factory=TunerState)
     samples: deque[Sample] = field(default_factory=deque)
@@ -82,6 +84,7 @@ class PolicyMemory:
     recommended: KnobValues | None = None
     no_data: bool = False
     actuator_error: str | None = None
+    secrets: SecretCache = field(default_factory=SecretCache)
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -105,13 +108,13 @@ def source_for(spec: KVTuningPolicySpec) -> MetricSource:
     return MetricsEndpoint(metrics.metrics_url)
 
 
-def actuator_for(api: KubeApi, spec: KVTuningPolicySpec, namespace: str) -> Actuator:
+def actuator_for(api: KubeApi, spec: KVTuningPolicySpec, namespace: str, secrets: SecretCache) -> Actuator:
     target = spec.target
     if target.engine == "kvtune":
         assert target.admin_url is not None and target.admin_token_secret_ref is not None
         ref = target.admin_token_secret_ref
         try:
-            token = secret_value(api, namespace, ref.name, ref.key)
+            token = secrets.value(api, namespace, ref.name, ref.key)
         except KubeError as err:
             return UnavailableActuator(f"admin token secret {namespace}/{ref.name}: {err}")
         return KvtuneAdminActuator(target.admin_url, token)
@@ -235,7 +238,7 @@ def evaluate(
     keep = window_length(policy, float(spec.interval_seconds))
     if memory.samples.maxlen != keep:
         memory.samples = deque(memory.samples, maxlen=keep)
-    actuator = actuator_for(api, spec, policy_ref.namespace)
+    actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets)
     events: list[EventSpec] = []
     actuator_error = actuator.error if isinstance(actuator, UnavailableActuator) else None
     if actuator_error and actuator_error != memory.actuator_error:
@@ -266,8 +269,8 @@ def evaluate(
     diagnosis = tick.decision.diagnosis if tick.decision else None
     current: KnobValues | None = None
     prefix = fp8 = (False, "")
-    if memory.samples and diagnosis is not None:
-        view = live_view(memory.samples[-1], actuator)
+    if tick.engine is not None and diagnosis is not None:
+        view = tick.engine
         current = _knobs({KNOB_MAX_NUM_SEQS: view.max_num_seqs, KNOB_MAX_TOKENS_CAP: view.max_tokens_cap,
                           KNOB_KV_CACHE_DTYPE: view.cache_dtype})  # fmt: skip
         flag = flag_prefix_defeat(diagnosis, view, policy)

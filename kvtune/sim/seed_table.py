@@ -1,9 +1,12 @@
-"""`kvtune sim --table seed`: every figure the seed states, beside the simulated one.
+"""`kvtune sim --table seed`: every figure the seed states, beside ours.
 
-Each figure is computed from simulation runs (the mean over several random seeds, since the seed's own
-numbers are one random run) or from the same formulas the seed uses; nothing is written in. Tolerances:
-5% for headline throughput, sequence-count and utilisation figures, 15% for the rest, none for the sizes
-in the seed's single fragmentation log line, which are one random draw.
+A row is `simulated` when simulation runs produce it (the mean over several random seeds, since the seed's
+own numbers are one random run), or `derived` when it is arithmetic on the seed's own constants (sizes,
+the boot line's concurrency): a derived row checks our formulas, not the simulator, so it never counts
+toward the claim of how many figures the simulator reproduces. Nothing is written in. Tolerances: 5% for
+headline throughput, sequence-count and utilisation figures, 15% for the rest, none for the sizes in the
+seed's single fragmentation log line, which are one random draw. The figures we expect to miss are listed
+in `EXPECTED_MISSES`, each with its reason; the README only reports them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import statistics
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 from kvtune.core.accounting import block_table_bytes
 from kvtune.core.geometry import GIB, MIB, QWEN3_8B
@@ -27,14 +31,42 @@ from kvtune.sim.simulator import SimConfig, SimResult, simulate
 
 HEADLINE, OTHER = 0.05, 0.15
 KERNEL_PENALTY = 0.77  # the seed's 20-26% paged-kernel overhead, applied as a factor
+Kind = Literal["simulated", "derived"]
+
+
+@dataclass(frozen=True)
+class ExpectedMiss:
+    """A figure outside its tolerance on purpose, and why."""
+
+    figure: str
+    reason: str
+
+
+_UNSTATED_SCHEDULING = (
+    "preemptions are rare events (a few dozen in 2,000 steps) and their number depends on scheduling "
+    "details the seed does not state: whether a step admits before or after it grows running sequences, "
+    "and whether a preempted request may be readmitted in the step that evicted it; we follow vLLM V1 "
+    "(running requests first, no admission in a step that preempted)"
+)
+EXPECTED_MISSES = (
+    ExpectedMiss("paged, defaults: preemptions in the window", _UNSTATED_SCHEDULING),
+    ExpectedMiss("paged, spread 0: preemptions in the window", _UNSTATED_SCHEDULING),
+    ExpectedMiss(
+        "paged, spread 0: discarded tokens",
+        "a preempted request throws away the tokens it had generated, so this figure rests on which "
+        "requests are preempted and how far they had got: " + _UNSTATED_SCHEDULING,
+    ),
+)
+EXPECTED_MISS_FIGURES = frozenset(miss.figure for miss in EXPECTED_MISSES)
 
 
 @dataclass(frozen=True)
 class Figure:
     figure: str
     seed: float
-    simulated: float
+    simulated: float  # ours: from the simulator, or from arithmetic when `kind` is "derived"
     tolerance: float | None
+    kind: Kind = "simulated"
 
     @property
     def relative_error(self) -> float:
@@ -51,6 +83,7 @@ class Figure:
             "simulated": round(self.simulated, 4),
             "relative_error": round(self.relative_error, 4),
             "tolerance": self.tolerance,
+            "kind": self.kind,
         }
 
 
@@ -93,6 +126,11 @@ def run_all(runs: dict[str, SimConfig], seeds: int, workers: int | None = None) 
     return results
 
 
+def derived(figure: str, seed: float, ours: float, tolerance: float | None) -> Figure:
+    """A row computed from the seed's own constants, not by the simulator."""
+    return Figure(figure, seed, ours, tolerance, kind="derived")
+
+
 def _mean(results: list[SimResult], get: Callable[[SimResult], float]) -> float:
     return statistics.fmean(get(r) for r in results)
 
@@ -118,13 +156,13 @@ def seed_figures(seeds: int = 3, max_tokens: int = 2048, workers: int | None = N
     partial_bound_mib = 15 * bytes_per_token / MIB
     F = Figure
     figures = [
-        F(
+        derived(
             "pool: GiB for 405,239 tokens at 144 KiB/token",
             55.65,
             SEED_POOL_TOKENS * bytes_per_token / GIB,
             HEADLINE,
         ),
-        F(
+        derived(
             "boot line: maximum concurrency for 40,960 tokens",
             9.89,
             SEED_POOL_TOKENS / SEED_MAX_MODEL_LEN,
@@ -195,15 +233,15 @@ def seed_figures(seeds: int = 3, max_tokens: int = 2048, workers: int | None = N
             m("paged", lambda r: r.held_and_empty_mib),
             OTHER,
         ),
-        F("paged: one partial block's bound, MiB (15 slots)", 2.11, partial_bound_mib, OTHER),
+        derived("paged: one partial block's bound, MiB (15 slots)", 2.11, partial_bound_mib, OTHER),
         F("paged: bound across the resident sequences, MiB", 200, partial_bound_mib * seqs("paged"), OTHER),
-        F(
+        derived(
             "block table MiB, block 16 (128 seqs × 40,960 tokens)",
             1.25,
             block_table_bytes(SEED_TABLE_MAX_NUM_SEQS, SEED_MAX_MODEL_LEN, 16) / MIB,
             HEADLINE,
         ),
-        F(
+        derived(
             "block table MiB, block 1",
             20,
             block_table_bytes(SEED_TABLE_MAX_NUM_SEQS, SEED_MAX_MODEL_LEN, 1) / MIB,
@@ -213,13 +251,46 @@ def seed_figures(seeds: int = 3, max_tokens: int = 2048, workers: int | None = N
     return figures
 
 
+def _verdict(figure: Figure) -> str:
+    if figure.within is None:
+        return "shown"
+    if figure.within:
+        return "ok"
+    return f"> {figure.tolerance:.0%}" + (", expected" if figure.figure in EXPECTED_MISS_FIGURES else "")
+
+
+def headline_claim(figures: list[Figure]) -> str:
+    """The claim the table supports: how many simulated figures fall within their tolerance. Derived rows
+    are counted apart, so arithmetic on the seed's constants never inflates it."""
+    simulated = [f for f in figures if f.kind == "simulated"]
+    headline = [f for f in simulated if f.tolerance == HEADLINE]
+    others = [f for f in simulated if f.tolerance == OTHER]
+    misses_expected = sum(1 for f in simulated if f.within is False and f.figure in EXPECTED_MISS_FIGURES)
+    shown = sum(1 for f in simulated if f.tolerance is None)
+    derived_rows = [f for f in figures if f.kind == "derived"]
+
+    def within(rows: list[Figure]) -> int:
+        return sum(1 for f in rows if f.within)
+
+    return "\n".join(
+        [
+            f"simulated: {within(headline)} of {len(headline)} headline figures within {HEADLINE:.0%}, "
+            f"{within(others)} of {len(others)} others within {OTHER:.0%} "
+            f"({misses_expected} expected misses, see the README); {shown} figures of the fragmentation log line shown, not compared",
+            f"derived from the seed's constants, not counted above: {within(derived_rows)} of "
+            f"{len(derived_rows)} within their tolerance",
+        ]
+    )
+
+
 def format_table(figures: list[Figure]) -> str:
-    """A plain-text table a person reads: figure, the seed's value, ours, the error and the verdict."""
+    """A plain-text table a person reads: figure, the seed's value, ours, the error, the row's kind and
+    the verdict; then the headline claim."""
     width = max(len(f.figure) for f in figures)
-    lines = [f"{'figure':<{width}}  {'seed':>10}  {'simulated':>10}  {'error':>7}  check"]
+    lines = [f"{'figure':<{width}}  {'seed':>10}  {'ours':>10}  {'error':>7}  {'kind':<9}  check"]
     for f in figures:
-        verdict = "shown" if f.within is None else ("ok" if f.within else f"> {f.tolerance:.0%}")
         lines.append(
-            f"{f.figure:<{width}}  {f.seed:>10,.6g}  {f.simulated:>10,.6g}  {f.relative_error:>6.1%}  {verdict}"
+            f"{f.figure:<{width}}  {f.seed:>10,.6g}  {f.simulated:>10,.6g}  {f.relative_error:>6.1%}  "
+            f"{f.kind:<9}  {_verdict(f)}"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", headline_claim(figures)])

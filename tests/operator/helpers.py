@@ -107,3 +107,12 @@ def serve_bodies(bodies: list[str]) -> Iterator[str]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+
+
+def reply(handler: BaseHTTPRequestHandler, status: int, content_type: str, body: bytes) -> None:
+    """Answer a stub server's request with one whole body."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -1,12 +1,16 @@
 """The Kubernetes contract of the in-cluster operator, against kmock's stateful Kubernetes API (real HTTP,
 no monkey-patching): kopf runs the handlers, which read a KVTuningPolicy, read real metrics from a local
 HTTP server, patch the target Deployment's args (retrying a 409 Conflict), patch the status subresource
-and post Events."""
+and post Events. kmock records every request, so the tests also count what one tick costs the API server:
+one client for the process, one read of the actuator's values per tick, the admin-token Secret read whole
+only when it changed."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -19,17 +23,20 @@ import kopf
 import pytest
 
 import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator import kube_api
 from kvtune.operator.crd import KVTuningPolicySpec
 from kvtune.operator.events import PolicyRef
 from kvtune.operator.k8s_actuator import read_flag, set_flag
-from kvtune.operator.kube_api import KubeApi
+from kvtune.operator.kube_api import METADATA_ONLY, USER_AGENT, KubeApi
 from kvtune.operator.policy_tick import PolicyMemory, run_once
+from tests.operator.helpers import reply
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NS = "inference"
 POLICIES = kmock.resource("kvtune.dev/v1alpha1/kvtuningpolicies")
 DEPLOYMENTS = kmock.resource("apps/v1/deployments")
 EVENTS = kmock.resource("v1/events")
+SECRETS = kmock.resource("v1/secrets")
 
 
 class OptimisticEmulator(kmock.KubernetesEmulator):
@@ -64,32 +71,40 @@ class OptimisticEmulator(kmock.KubernetesEmulator):
 
 
 class MetricsHandler(BaseHTTPRequestHandler):
-    """/metrics from recorded files: the first read gets the first file, later reads the last one."""
+    """/metrics from recorded files: the first read gets the first file, later reads the last one. A
+    kvtune engine's `GET /admin/config` answers fixed knobs and records the bearer token it was sent."""
 
     def do_GET(self) -> None:
         server = self.server
+        if self.path == "/admin/config":
+            server.admin_tokens.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
+            knobs = {"max_num_seqs": 64, "max_tokens_cap": None}
+            reply(self, 200, "application/json", json.dumps(knobs).encode())
+            return
         index = min(getattr(server, "reads", 0), len(server.files) - 1)  # type: ignore[attr-defined]
         server.reads = getattr(server, "reads", 0) + 1  # type: ignore[attr-defined]
         body = (FIXTURES / server.files[index]).read_bytes()  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, 200, "text/plain; version=0.0.4", body)
 
     def log_message(self, *args: Any) -> None:
         pass
 
 
 @pytest.fixture
-def metrics_url() -> Iterator[str]:
+def metrics_server() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
     server.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
+    server.admin_tokens = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield server
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def metrics_url(metrics_server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{metrics_server.server_address[1]}"
 
 
 @pytest.fixture
@@ -103,6 +118,7 @@ def kube(kmock: OptimisticEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     )  # fmt: skip
     kmock.resources["apps/v1/deployments"] = kmock.ResourceInfo(kind="Deployment", namespaced=True)
     kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
+    kmock.resources["v1/secrets"] = kmock.ResourceInfo(kind="Secret", namespaced=True)
     # kopf's backbone: it must discover namespaces (kmock 0.8 cannot parse /api/v1/namespaces, so the test
     # turns kopf's namespace and CRD scanning off and names the namespace)
     kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False)
@@ -166,6 +182,16 @@ def our_events(kube: OptimisticEmulator) -> list[dict[str, Any]]:
             if request.data.get("source", {}).get("component") == "kvtune-operator"]  # fmt: skip
 
 
+def ours(requests: Any) -> list[kmock.Request]:
+    """The requests our client made (kopf's own go to the same server)."""
+    return [request for request in requests if request.headers.get("User-Agent") == USER_AGENT]
+
+
+def status_writes(kube: OptimisticEmulator) -> list[kmock.Request]:
+    """One per tick: every evaluation ends with a status patch."""
+    return [r for r in ours(kube[kmock.action.UPDATE, POLICIES]) if r.subresource == "status"]
+
+
 def conditions(status: dict[str, Any]) -> dict[str, str]:
     return {c["type"]: c["status"] for c in status.get("conditions", [])}
 
@@ -188,8 +214,16 @@ def test_flag_editing() -> None:
 @pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(60)
 async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
-    kube: OptimisticEmulator, metrics_url: str
+    kube: OptimisticEmulator, metrics_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    logins: list[object] = []
+    client = kube_api._client
+
+    def counted(*args: Any) -> Any:
+        logins.append(args)
+        return client(*args)
+
+    monkeypatch.setattr(kube_api, "_client", counted)
     add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
     add_policy(kube, policy_spec(metrics_url, "Apply"))
     kube.writers_before_next_patch = 1  # someone else writes the Deployment between our read and our patch
@@ -212,6 +246,7 @@ async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
 
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and 2 <= lowered < 64
+    assert len(status_writes(kube)) >= 2 and len(logins) == 1  # every tick on the one client made at startup
     assert container_args(kube)[:2] == ["--model", "/models/llama"]
     assert kube.answered[:2] == [409, 200]  # the conflict, then the re-read and re-applied patch
     status = kube.objects[POLICIES, NS, "llama"]["status"]
@@ -252,6 +287,8 @@ async def test_recommend_mode_writes_status_and_events_without_acting(
     add_policy(kube, policy_spec(metrics_url, "Recommend"))
     await tick_twice(policy_spec(metrics_url, "Recommend"), PolicyMemory())
     assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered
+    assert len(status_writes(kube)) == 2
+    assert len(ours(kube[kmock.action.FETCH, DEPLOYMENTS])) == 2  # its max_num_seqs: read once a tick
     status = kube.objects[POLICIES, NS, "llama"]["status"]
     assert conditions(status)["Preempting"] == "True" and conditions(status)["Stable"] == "False"
     assert status["current"]["maxNumSeqs"] == 64
@@ -288,3 +325,56 @@ async def test_unreachable_metrics_are_a_condition_not_an_action(kube: Optimisti
     assert {c["reason"] for c in status["conditions"]} == {"NoData"}
     assert [e["reason"] for e in our_events(kube)] == ["NoMetrics"]  # once, on the transition
     assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered
+
+
+def add_admin_secret(kube: OptimisticEmulator, token: str, resource_version: str) -> None:
+    kube.objects[SECRETS, NS, "llama-admin"] = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "llama-admin", "namespace": NS, "resourceVersion": resource_version},
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+
+
+def secret_reads(kube: OptimisticEmulator) -> tuple[int, int]:
+    """(metadata-only reads, whole reads) of the admin-token Secret by our client."""
+    reads = ours(kube[kmock.action.FETCH, SECRETS])
+    metadata = sum(1 for r in reads if r.headers.get("Accept") == METADATA_ONLY)
+    return metadata, len(reads) - metadata
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(30)
+async def test_a_tick_reads_the_secret_only_when_it_changed_and_the_knobs_once(
+    kube: OptimisticEmulator, metrics_server: ThreadingHTTPServer, metrics_url: str
+) -> None:
+    spec = {
+        **policy_spec(metrics_url, "Recommend"),
+        "target": {
+            "name": "llama",
+            "engine": "kvtune",
+            "adminUrl": metrics_url,
+            "adminTokenSecretRef": {"name": "llama-admin", "key": "token"},
+        },
+    }
+    add_policy(kube, spec)
+    add_admin_secret(kube, "first-token", "1")
+    parsed = KVTuningPolicySpec.model_validate(spec)
+    ref = PolicyRef(NS, "llama", "uid-llama")
+    memory = PolicyMemory()
+
+    def run(api: KubeApi, ticks: int) -> None:
+        for _ in range(ticks):
+            outcome = run_once(api, ref, parsed, memory, time.time())
+            assert memory.actuator_error is None, outcome.status.note
+
+    with KubeApi.from_environment() as api:
+        await asyncio.to_thread(run, api, 3)
+        assert secret_reads(kube) == (3, 1)  # its resourceVersion every tick, its data once
+        add_admin_secret(kube, "rotated-token", "2")
+        await asyncio.to_thread(run, api, 2)
+    assert secret_reads(kube) == (5, 2)  # read again once, when it changed
+    sent = metrics_server.admin_tokens  # type: ignore[attr-defined]
+    assert sent == ["Bearer first-token"] * 3 + ["Bearer rotated-token"] * 2  # the knobs: one read a tick
+    assert len(status_writes(kube)) == 5
