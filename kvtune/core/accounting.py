@@ -1,6 +1,6 @@
 """The figures the seed reasons with, read off a scheduler and its allocator at one instant.
 
-Terms (DESIGN.md): *reserved* = held for tokens the request will still write; *internal fragmentation* =
+Terms: *reserved* = held for tokens the request will still write; *internal fragmentation* =
 held past the request's final length, never reached; *external fragmentation* = free slots that the head
 of the queue cannot use because no run of them is large enough; *effective* = slots holding a token ÷
 slots held.
