@@ -2,7 +2,7 @@
 
 This is what the engine runs on a machine without a GPU. The kernel walks each sequence's block table and
 streams its K/V rows straight from the cache, with no padded gather copy; the measured decode rate is in
-BENCHMARKS.md (`kvtune bench kernels`). Splits (flash-decoding) keep every core busy when there are fewer
+BENCHMARKS.md (the kernels-cpu section). Splits (flash-decoding) keep every core busy when there are fewer
 sequences than threads; their partials are merged by kvtune.kernels.merge.
 """
 

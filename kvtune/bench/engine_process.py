@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtune.local_http import free_port
-from kvtune.operator.load import wait_for
+from kvtune.bench.load import wait_for
+from kvtune.bench.local_http import free_port
 
 
 @dataclass

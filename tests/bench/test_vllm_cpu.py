@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.errors import KvtuneError
-from kvtune.peers.saturating_load import PREEMPTIONS_METRIC, LoadSpec, metric_samples, request_bodies
-from kvtune.peers.vllm_cpu import (
+from kvtune.bench.saturating_load import PREEMPTIONS_METRIC, LoadSpec, metric_samples, request_bodies
+from kvtune.bench.vllm_cpu import (
     VllmServer,
     VllmServerConfig,
     kv_bytes_per_token,
     kv_cache_memory_bytes,
     parse_kv_cache_tokens,
 )
+from kvtune.errors import KvtuneError
 
 TINY_CONFIG = {
     "num_hidden_layers": 4,
@@ -114,8 +114,8 @@ live = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    from kvtune.bench.vllm_cpu import ensure_venv, start_server
     from kvtune.engine_sidecar.tiny_model import write_tiny_model
-    from kvtune.peers.vllm_cpu import ensure_venv, start_server
 
     ensure_venv()
     model_dir = write_tiny_model(tmp_path_factory.mktemp("tiny"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtune.operator.bench_tuner import Measured, combine, intervals_to_converge
+from kvtune.bench.tuner import Measured, combine, intervals_to_converge
 
 
 def test_a_value_is_clean_only_if_both_windows_were() -> None:

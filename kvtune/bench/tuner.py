@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtune.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.operator.load import BackgroundLoad, LoadShape
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
 from kvtune.operator.policy import Mode, TuningPolicy

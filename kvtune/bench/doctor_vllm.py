@@ -28,7 +28,15 @@ from typing import Any
 
 import httpx
 
-from kvtune.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.saturating_load import LoadResult, LoadSpec, metric_samples, run_load
+from kvtune.bench.vllm_cpu import (
+    DEFAULT_VENV_DIR,
+    VllmServerConfig,
+    ensure_venv,
+    installed_versions,
+    start_server,
+)
 from kvtune.errors import KvtuneError
 from kvtune.operator.diagnosis import diagnose, no_data
 from kvtune.operator.doctor import collect, report
@@ -37,14 +45,6 @@ from kvtune.operator.ladder import plan
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sources import MetricsEndpoint
 from kvtune.operator.window import Window
-from kvtune.peers.saturating_load import LoadResult, LoadSpec, metric_samples, run_load
-from kvtune.peers.vllm_cpu import (
-    DEFAULT_VENV_DIR,
-    VllmServerConfig,
-    ensure_venv,
-    installed_versions,
-    start_server,
-)
 
 ORIGINAL = "original"
 RECOMMENDED = "recommended"

@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
+from kvtune.bench.kernels_common import DecodeBatch, make_batch, markdown_table, provenance
 from kvtune.kernels import cpu_backend
 from kvtune.kernels.api import paged_decode_attention
-from kvtune.kernels.bench_common import DecodeBatch, make_batch, markdown_table, provenance
 from kvtune.kernels.cache_alloc import allocate_kv_cache
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 

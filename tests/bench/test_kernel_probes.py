@@ -10,8 +10,8 @@ import operator
 import pytest
 import torch
 
+from kvtune.bench.kernels_common import make_batch
 from kvtune.kernels import cpu_backend
-from kvtune.kernels.bench_common import make_batch
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 
 pytestmark = pytest.mark.skipif(
