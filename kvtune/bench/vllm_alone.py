@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kvtune.bench.saturating_load import LoadSpec, run_load
+from kvtune.bench.load import BatchSpec, run_batch
 from kvtune.bench.vllm_cpu import (
     DEFAULT_VENV_DIR,
     VllmServerConfig,
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         cpu_threads=args.cpu_threads,
     )
-    spec = LoadSpec(
+    spec = BatchSpec(
         num_requests=args.num_requests,
         prompt_tokens=tuple(args.prompt_tokens),
         output_tokens=tuple(args.output_tokens),
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         boot_start = time.perf_counter()
         with start_server(config, venv_dir=args.venv, log_path=args.log) as server:
             boot_s = time.perf_counter() - boot_start
-            result = asyncio.run(run_load(server.url, config.served_model_name, spec))
+            result = asyncio.run(run_batch(server.url, config.served_model_name, spec))
             record = {
                 "engine": "vllm-cpu",
                 "versions": installed_versions(args.venv),

@@ -24,7 +24,7 @@ from kvtune.bench.engine import (
     vllm_config,
     workload,
 )
-from kvtune.bench.saturating_load import request_bodies
+from kvtune.bench.load import batch_bodies
 from kvtune.cli import build_parser
 from kvtune.errors import KvtuneError
 
@@ -107,7 +107,7 @@ def test_both_sides_get_the_same_request_list() -> None:
         assert body["ignore_eos"] is True and body["temperature"] == 0.0
         assert body["model"] == bench_engine.SERVED_MODEL_NAME
     assert workload(_args("--seed", "1")) != first
-    assert first == request_bodies(bench_engine.load_spec(args), bench_engine.SERVED_MODEL_NAME)
+    assert first == batch_bodies(bench_engine.load_spec(args), bench_engine.SERVED_MODEL_NAME)
 
 
 def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
