@@ -32,15 +32,15 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
 }
 BENCHES: dict[str, tuple[str, str]] = {
-    "kernels": ("kvtune.kernels.bench", "paged-attention kernels against the machine's memory bandwidth"),
-    "sim": ("kvtune.sim.bench", "simulator steps per second for each allocation policy"),
-    "serve": ("kvtune.engine_sidecar.bench_serve", "load generator for any OpenAI-compatible server"),
-    "engine": ("kvtune.engine_sidecar.bench_engine", "kvtune serve against vLLM's CPU build, alternating"),
+    "kernels": ("kvtune.bench.kernels", "paged-attention kernels against the machine's memory bandwidth"),
+    "sim": ("kvtune.bench.sim", "simulator steps per second for each allocation policy"),
+    "serve": ("kvtune.bench.serve", "load generator for any OpenAI-compatible server"),
+    "engine": ("kvtune.bench.engine", "kvtune serve against vLLM's CPU build, alternating"),
     "doctor-vllm": (
-        "kvtune.peers.vllm_doctor_check",
+        "kvtune.bench.doctor_vllm",
         "kvtune doctor against vLLM's CPU build: diagnose, restart with the recommendation, replay",
     ),
-    "tuner": ("kvtune.operator.bench_tuner", "max_num_seqs tuner against a static sweep on a live engine"),
+    "tuner": ("kvtune.bench.tuner", "max_num_seqs tuner against a static sweep on a live engine"),
 }
 
 

@@ -2,7 +2,8 @@
 # One short GPU session for the paged-attention kernels, run from the repository root on a CUDA machine:
 #   bash scripts/gpu_check.sh
 # 1. the representative correctness grid (what `make test` runs in the Triton interpreter), compiled for real;
-# 2. `kvtune bench kernels --skip-cpu`, which records the kernels-gpu section of BENCHMARKS.md;
+# 2. `kvtune bench kernels --skip-cpu` (kvtune/bench/kernels_gpu.py), which records the kernels-gpu section of
+#    BENCHMARKS.md;
 # 3. the full grid (--runslow), while time is left.
 # The order puts the cheapest decisive check first: a lent machine's minutes are few, and a late step that
 # runs out of time still leaves the earlier results. Logs, the bench table and BENCHMARKS.md land in
@@ -27,7 +28,7 @@ started=$SECONDS
 
 "$python" - <<'PY' 2>&1 | tee "$out/env.txt"
 import torch, triton
-import kvtune.kernels
+import kvtune.kernels, kvtune.bench.kernels_gpu  # the kernels, and the benchmark that times them
 assert torch.cuda.is_available(), "no CUDA device: this script is for a GPU machine"
 print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
 PY

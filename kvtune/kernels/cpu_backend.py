@@ -2,7 +2,7 @@
 
 This is what the engine runs on a machine without a GPU. The kernel walks each sequence's block table and
 streams its K/V rows straight from the cache, with no padded gather copy; the measured decode rate is in
-BENCHMARKS.md (`kvtune bench kernels`). Splits (flash-decoding) keep every core busy when there are fewer
+BENCHMARKS.md (the kernels-cpu section). Splits (flash-decoding) keep every core busy when there are fewer
 sequences than threads; their partials are merged by kvtune.kernels.merge.
 """
 
@@ -70,7 +70,7 @@ def default_num_splits(num_seqs: int, max_seq_len: int) -> int:
     return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT))
 
 
-def _params(
+def kernel_params(
     queries: torch.Tensor,
     kv_cache: torch.Tensor,
     tables: torch.Tensor,
@@ -85,7 +85,8 @@ def _params(
     query_tile: int,
     query_bf16: bool,
 ) -> _Params:
-    """The kernel's argument block; every tensor must be contiguous and stay alive for the call."""
+    """The kernel's argument block (the benchmark's probes take the same one); every tensor must be contiguous
+    and stay alive for the call."""
     num_tokens, num_q_heads, head_dim = queries.shape
     return _Params(
         q=queries.data_ptr(),
@@ -138,7 +139,7 @@ def _attention(
     num_tokens, num_q_heads, head_dim = queries.shape
     out = torch.empty(num_splits, num_tokens, num_q_heads, head_dim, dtype=torch.float32)
     lse = torch.empty(num_splits, num_tokens, num_q_heads, dtype=torch.float32)
-    params = _params(
+    params = kernel_params(
         queries, kv_cache, tables, starts, lengths, out, lse, scale, k_scale, v_scale, num_splits, query_tile,
         q.dtype == torch.bfloat16,
     )  # fmt: skip
@@ -146,43 +147,6 @@ def _attention(
         raise KvtuneError(f"cpu attention kernel rejected cache dtype {kv_cache.dtype}")
     merged = out[0] if num_splits == 1 else merge_attention_partials(out, lse)[0]
     return merged.to(q.dtype)
-
-
-def stream_read(data: torch.Tensor) -> int:
-    """Read a contiguous CPU tensor front to back with full-width vector loads on torch's thread count
-    (the bytes up to a multiple of 64); returns a checksum. The benchmark's sequential-read ceiling."""
-    library = load()
-    library.kvt_stream_read.restype = ctypes.c_uint64
-    library.kvt_stream_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32]
-    nbytes = data.numel() * data.element_size() // 64 * 64
-    return int(library.kvt_stream_read(data.contiguous().data_ptr(), nbytes, torch.get_num_threads()))
-
-
-def read_blocks(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
-) -> int:
-    """Read every K/V byte a decode step over this batch reads, in the kernel's order, prefetching and
-    threads, with no arithmetic; returns a checksum. The benchmark's bound for what the layout allows."""
-    queries = q.to(torch.float32).contiguous()
-    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    params = _params(
-        queries,
-        kv_cache,
-        block_tables.contiguous(),
-        starts,
-        seq_lens.contiguous(),
-        None,
-        None,
-        1.0,
-        1.0,
-        1.0,
-        1,
-        1,
-        False,
-    )
-    library = load()
-    library.kvt_read_blocks.restype = ctypes.c_uint64
-    return int(library.kvt_read_blocks(ctypes.byref(params)))
 
 
 def decode(

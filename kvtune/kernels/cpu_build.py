@@ -1,4 +1,5 @@
-"""Compile the CPU kernel (csrc/paged_attention_cpu.cpp) once per machine and load it with ctypes.
+"""Compile the CPU kernel (csrc/paged_attention_cpu.cpp) once per machine and load it with ctypes; the
+benchmark probes are built the same way from their own source, with `build(source)`.
 
 Why a plain C++ library, measured on the 2-core EPYC VM this was written on (fp32, tiny-model geometry,
 batch 64, contexts 300-1800, block 16, 2 threads, caches far larger than L3):
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from kvtune.errors import KvtuneError
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
+INCLUDE_DIR = Path(__file__).parent / "csrc"  # paged_attention_common.h, shared with the benchmark's probes
+SOURCE = INCLUDE_DIR / "paged_attention_cpu.cpp"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 
@@ -58,37 +60,42 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def library_path(compiler: str) -> Path:
+def library_path(compiler: str, source: Path = SOURCE) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    headers = [header.read_text() for header in sorted(INCLUDE_DIR.glob("*.h"))]
     key = hashlib.sha256(
-        "\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_model()]).encode()
+        "\n".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu_model()]).encode()
     ).hexdigest()[:16]
-    return _cache_dir() / f"paged_attention_cpu-{key}.so"
+    return _cache_dir() / f"{source.stem}-{key}.so"
 
 
-def build() -> Path:
-    """Compile the library unless a build for this source, compiler and CPU is cached; return its path."""
+def build(source: Path = SOURCE) -> Path:
+    """Compile `source` (the kernel by default; the benchmark's probes reuse this with theirs) unless a build
+    for this source, its headers, compiler and CPU is cached; return the library's path."""
     compiler = _compiler()
-    target = library_path(compiler)
+    target = library_path(compiler, source)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         partial = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(partial)], capture_output=True, text=True, check=False
+            [compiler, *FLAGS, f"-I{INCLUDE_DIR}", str(source), "-o", str(partial)],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             first = (result.stderr.strip().splitlines() or ["no output"])[0]
-            raise KvtuneError(f"building the cpu attention kernel failed: {first}")
+            raise KvtuneError(f"building {source.name} failed: {first}")
         partial.replace(target)
     return target
 
 
 @cache
-def load() -> ctypes.CDLL:
-    """Build if needed and load the library (once per process)."""
-    return ctypes.CDLL(str(build()))
+def load(source: Path = SOURCE) -> ctypes.CDLL:
+    """Build if needed and load the library of `source` (once per process)."""
+    return ctypes.CDLL(str(build(source)))
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.ladder import plan
-from kvtune.operator.load import BackgroundLoad, LoadShape
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.metric_names import PREEMPTIONS
 from kvtune.operator.policy import Mode, TuningPolicy

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
-from kvtune.operator.load import BackgroundLoad, LoadShape
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.metric_names import PREEMPTIONS
 from kvtune.operator.policy import Mode, TuningPolicy

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
+from kvtune.bench.engine_process import EngineProcess, start_engine
+from kvtune.bench.local_http import free_port
 from kvtune.engine_sidecar.admin import read_token_file, token_file_exposure
-from kvtune.local_http import free_port
-from kvtune.operator.engine_process import EngineProcess, start_engine
 from tests.server.live_server import ADMIN_TOKEN, LiveServer
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

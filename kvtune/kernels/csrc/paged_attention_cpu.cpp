@@ -28,25 +28,9 @@
 #define KVT_DOT_BF16 1  // vdpbf16ps: bf16 pair dot products into float32 lanes (Zen 4, Sapphire Rapids)
 #endif
 
-// The vector helpers must inline: an out-of-line call spills every live vector register around it.
-#define ALWAYS_INLINE inline __attribute__((always_inline))
-
-// How far ahead of its reads the decode runner prefetches, in bytes of K/V (see PrefetchStream), into L2 and
-// (float32 caches) into L1. Measured on the 2-core EPYC with 2 MiB pages: to L2, 8-32 KiB within 5% of each
-// other, 4 KiB and 64 KiB 10-20% slower; a second stream 2 KiB ahead into L1 made fp32 18% faster (1.37 ->
-// 1.11 ms per layer) and bf16 7% slower, so it is used for float32 caches only.
-#ifndef KVT_PREFETCH_BYTES
-#define KVT_PREFETCH_BYTES 16384
-#endif
-#ifndef KVT_PREFETCH_L1_BYTES
-#define KVT_PREFETCH_L1_BYTES 2048
-#endif
+#include "paged_attention_common.h"
 
 namespace {
-
-struct Bf16 { uint16_t bits; };
-struct F16 { _Float16 value; };
-struct Fp8 { uint8_t bits; };
 
 float fp8_table[256];
 
@@ -96,31 +80,6 @@ inline float fast_exp(float x) {
     std::memcpy(&scale, &bits, sizeof(scale));
     return x < -87.0f ? 0.0f : y * scale;
 }
-
-}  // namespace
-
-extern "C" {
-
-// Mirrored by kvtune.kernels.cpu_backend._Params (ctypes); keep the field order identical.
-struct KvtParams {
-    const float* q;            // [tokens, q_heads, head_dim], contiguous float32
-    const void* cache;         // [num_blocks, 2, block_size, kv_heads, head_dim]
-    int64_t stride_block, stride_kv, stride_token, stride_head;  // cache strides, in elements
-    const int32_t* block_tables;
-    int64_t block_table_stride;
-    const int32_t* query_start_loc;  // [num_seqs + 1]
-    const int32_t* seq_lens;         // [num_seqs], context + new tokens
-    float* out;                // [num_splits, tokens, q_heads, head_dim]
-    float* lse;                // [num_splits, tokens, q_heads]
-    int32_t num_seqs, num_tokens, num_q_heads, num_kv_heads, head_dim, block_size;
-    int32_t num_splits, query_tile, cache_type, num_threads;
-    float scale, k_scale, v_scale;
-    int32_t query_bf16;  // the caller's queries were bf16, so rounding them to bf16 loses nothing
-};
-
-}  // extern "C"
-
-namespace {
 
 constexpr int kKeyChunk = 128;
 
@@ -315,10 +274,6 @@ class ItemRunner {
     }
 };
 
-using v16 = float __attribute__((vector_size(64)));
-using v16i = int32_t __attribute__((vector_size(64)));
-using v16u = float __attribute__((vector_size(64), aligned(4)));
-
 ALWAYS_INLINE v16 load16(const float* src) { return *reinterpret_cast<const v16u*>(src); }
 
 ALWAYS_INLINE void store16(float* dst, v16 value) { *reinterpret_cast<v16u*>(dst) = value; }
@@ -370,15 +325,6 @@ using v16u8 = uint8_t __attribute__((vector_size(16)));
 using v16u16 = uint16_t __attribute__((vector_size(32)));
 using v16u32 = uint32_t __attribute__((vector_size(64)));
 using v16f16 = _Float16 __attribute__((vector_size(32)));
-
-// Unaligned vector loads by memcpy: GCC turns it into one vector load, where dereferencing an
-// under-aligned vector type can become one scalar load per element.
-template <typename V, typename E>
-ALWAYS_INLINE V load_vector(const E* src) {
-    V value;
-    std::memcpy(&value, src, sizeof(V));
-    return value;
-}
 
 // Sixteen cache elements widened to float32 in registers, one overload per cache type.
 ALWAYS_INLINE v16 load16(const F16* src) {
@@ -520,99 +466,6 @@ ALWAYS_INLINE v16 reduce_quads(v16 a, v16 b, v16 c, v16 d) {
     const v16i second = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
     return __builtin_shuffle(ab, cd, first) + __builtin_shuffle(ab, cd, second);
 }
-
-// The K-row address (head 0; V is stride_kv further on) of each key in [lo, hi) of one sequence: one table
-// lookup per block, then the passes below index keys directly and can look any distance ahead. The list is
-// padded to whole groups of four keys with the last row, so a group's loads need no bounds checks.
-template <typename T>
-void key_rows(const KvtParams& p, const int32_t* table, int lo, int hi, std::vector<const T*>& rows) {
-    rows.resize(static_cast<size_t>(hi - lo));
-    if (lo >= hi) return;
-    const T* cache = static_cast<const T*>(p.cache);
-    size_t i = 0;
-    for (int t = lo; t < hi;) {
-        const int offset = t % p.block_size;
-        const int run = std::min(p.block_size - offset, hi - t);
-        const T* row = cache + table[t / p.block_size] * p.stride_block + offset * p.stride_token;
-        for (int j = 0; j < run; ++j, row += p.stride_token) rows[i++] = row;
-        t += run;
-    }
-    rows.resize(static_cast<size_t>(hi - lo + 3) / 4 * 4, rows.back());  // padding keys: a real row, masked
-}
-
-// Prefetches, a fixed distance ahead, exactly what a decode item will read. Its reads come in steps of
-// kStepKeys keys' rows of one KV head, K or V: chunk by chunk, then head by head, K before V; each step()
-// issues the lines of the step that lies `bytes_ahead` further on, into L2 (kLevel 2) or L1 (kLevel 3).
-// Blocks sit at random places in the pool, so the hardware prefetcher cannot run ahead across a block
-// boundary; asking for lines at the rate they are consumed keeps the core's miss buffers busy without
-// overflowing them (a whole block at a time did: measured, the same time for bf16 as for fp32, i.e.
-// latency-bound; and prefetching a key's rows for every head at once ran in bursts, 20% slower).
-template <typename T, int kChunk, int kLevel = 2, int kDim = 0>
-class PrefetchStream {
-    // Lines per row of one head when head_dim is known at compile time (the inner loop then unrolls).
-    static constexpr int64_t kLines = (static_cast<int64_t>(kDim) * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-
-  public:
-    static constexpr int kStepKeys = 16;  // a step per 4 keys cost 15% of the bf16 arithmetic in bookkeeping
-
-    // `keys` as from key_rows: `count` keys, padded to whole groups of four.
-    PrefetchStream(const KvtParams& p, const T* const* keys, int count, int64_t bytes_ahead)
-        : keys_(keys), count_(count), heads_(p.num_kv_heads), stride_kv_(p.stride_kv), stride_head_(p.stride_head),
-          lines_(kDim != 0 ? kLines : (static_cast<int64_t>(p.head_dim) * static_cast<int64_t>(sizeof(T)) + 63) / 64) {
-        const int64_t distance = bytes_ahead / (kStepKeys * 64 * lines_);
-        for (int64_t i = 0; i < std::max<int64_t>(bytes_ahead > 0, distance); ++i) step();
-    }
-
-    void step() {
-        if (chunk_ >= count_) return;
-        const int64_t offset = kv_ * stride_kv_ + head_ * stride_head_;
-        const int end = std::min(key_ + kStepKeys, std::min(kChunk, count_ - chunk_));
-        // A row's lines from its start: a row that does not start on a line loses at most its last partial
-        // line to the demand load.
-        for (int key = key_; key < end; ++key) {
-            const char* row = reinterpret_cast<const char*>(keys_[chunk_ + key] + offset);
-            for (int64_t line = 0; line < (kDim != 0 ? kLines : lines_); ++line) __builtin_prefetch(row + 64 * line, 0, kLevel);
-        }
-        if ((key_ = end) < std::min(kChunk, count_ - chunk_)) return;
-        key_ = 0;
-        if (++kv_ < 2) return;
-        kv_ = 0;
-        if (++head_ < heads_) return;
-        head_ = 0;
-        chunk_ += kChunk;
-    }
-
-  private:
-    const T* const* keys_;
-    const int count_, heads_;
-    const int64_t stride_kv_, stride_head_, lines_;
-    int chunk_ = 0, head_ = 0, kv_ = 0, key_ = 0;
-};
-
-// The decode runner's two prefetch streams: far into L2, and for float32 caches near into L1 (see
-// KVT_PREFETCH_L1_BYTES). step() is called once per PrefetchStream::kStepKeys keys read.
-template <typename T, int kChunk, int kDim = 0>
-class Prefetchers {
-  public:
-    static constexpr int kStepKeys = PrefetchStream<T, kChunk, 2, kDim>::kStepKeys;
-    static constexpr bool kToL1 = sizeof(T) == 4;
-
-    Prefetchers(const KvtParams& p, const T* const* keys, int count)
-        : to_l2_(p, keys, count, KVT_PREFETCH_BYTES), to_l1_(p, keys, count, kToL1 ? KVT_PREFETCH_L1_BYTES : 0) {}
-
-    ALWAYS_INLINE void step() {
-        to_l2_.step();
-        if constexpr (kToL1) to_l1_.step();
-    }
-
-  private:
-    PrefetchStream<T, kChunk, 2, kDim> to_l2_;
-    PrefetchStream<T, kChunk, 3, kDim> to_l1_;
-};
-
-// Keys per online-softmax step of the decode runner: a chunk's K and V rows stay in L1/L2. read_blocks
-// walks the same chunks, so the read-only bound reads in the kernel's order.
-constexpr int kDecodeChunk = 64;
 
 // Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
 ALWAYS_INLINE v16 max_within_quads(v16 x) {
@@ -1061,98 +914,7 @@ void dispatch_dim(const KvtParams& p, const std::vector<Item>& items) {
     }
 }
 
-// Folds a cache row's 32-bit words into `folded` by xor, with loads of V (16 to 64 bytes, the widest that tile
-// the row): 16-byte loads through one xor chain held the read-only pass 5-10% below what fp32 rows allow.
-template <typename V>
-ALWAYS_INLINE V fold_row(V folded, const char* bytes, int64_t row_bytes) {
-    constexpr int64_t kWidth = sizeof(V);
-    for (int64_t b = 0; b + kWidth <= row_bytes; b += kWidth) folded ^= load_vector<V>(bytes + b);
-    return folded;
-}
-
-// The xor of a vector's 32-bit lanes: a thread's share of a read checksum.
-template <typename V>
-uint32_t xor_lanes(V v) {
-    uint32_t total = 0;
-    for (size_t lane = 0; lane < sizeof(V) / 4; ++lane) total ^= static_cast<uint32_t>(v[lane]);
-    return total;
-}
-
-// Reads every K and V byte a decode step over this batch would read, in the same order (chunk by chunk, a
-// head's K rows then its V rows), with the same prefetching and threads, and no arithmetic but an xor: what
-// the cache layout and the memory system allow a paged decode kernel at best. `kvtune bench kernels` sets
-// the kernel beside it.
-template <typename T>
-uint64_t read_blocks(const KvtParams& p) {
-    constexpr int kChunk = kDecodeChunk;
-    std::vector<int> order(p.num_seqs);
-    for (int seq = 0; seq < p.num_seqs; ++seq) order[seq] = seq;
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p.seq_lens[a] > p.seq_lens[b]; });
-    const int64_t head_bytes = static_cast<int64_t>(p.head_dim) * sizeof(T);
-    uint64_t checksum = 0;
-#pragma omp parallel num_threads(p.num_threads) reduction(^ : checksum)
-    {
-        using v8i = int32_t __attribute__((vector_size(32)));
-        using v4i = int32_t __attribute__((vector_size(16)));
-        v16i wide{};  // one accumulator per load width: folding them into one would cost lane moves per row
-        v8i half{};
-        v4i quarter{};
-        std::vector<const T*> rows;
-#pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < p.num_seqs; ++i) {
-            const int seq = order[i], len = p.seq_lens[seq];
-            if (len == 0) continue;
-            key_rows(p, p.block_tables + seq * p.block_table_stride, 0, len, rows);
-            Prefetchers<T, kChunk> ahead(p, rows.data(), len);
-            for (int chunk = 0; chunk < len; chunk += kChunk) {
-                const int n = std::min(kChunk, len - chunk);
-                for (int h = 0; h < p.num_kv_heads; ++h) {
-                    for (int64_t kv = 0; kv < 2; ++kv) {
-                        for (int t = chunk; t < chunk + n; ++t) {
-                            if ((t - chunk) % Prefetchers<T, kChunk>::kStepKeys == 0) ahead.step();
-                            const char* bytes = reinterpret_cast<const char*>(rows[t] + kv * p.stride_kv + h * p.stride_head);
-                            if (head_bytes % 64 == 0) {
-                                wide = fold_row(wide, bytes, head_bytes);
-                            } else if (head_bytes % 32 == 0) {
-                                half = fold_row(half, bytes, head_bytes);
-                            } else {
-                                quarter = fold_row(quarter, bytes, head_bytes);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        checksum ^= xor_lanes(wide) ^ xor_lanes(half) ^ xor_lanes(quarter);
-    }
-    return checksum;
-}
-
 }  // namespace
-
-// A streaming read of `bytes` bytes (a multiple of 64) with full-width vector loads on `threads` threads:
-// the machine's sequential read bandwidth, which torch's float sum does not always reach.
-extern "C" uint64_t kvt_stream_read(const void* data, int64_t bytes, int32_t threads) {
-    const char* base = static_cast<const char*>(data);
-    uint64_t checksum = 0;
-#pragma omp parallel num_threads(threads) reduction(^ : checksum)
-    {
-        v16i folded{};
-#pragma omp for schedule(static)
-        for (int64_t line = 0; line < bytes / 64; ++line) folded ^= load_vector<v16i>(base + line * 64);
-        checksum ^= xor_lanes(folded);
-    }
-    return checksum;
-}
-
-extern "C" uint64_t kvt_read_blocks(const KvtParams* params) {
-    switch (params->cache_type) {
-        case 0: return read_blocks<float>(*params);
-        case 1: return read_blocks<F16>(*params);
-        case 2: return read_blocks<Bf16>(*params);
-        default: return read_blocks<Fp8>(*params);
-    }
-}
 
 extern "C" int kvt_paged_attention(const KvtParams* params) {
     const KvtParams& p = *params;

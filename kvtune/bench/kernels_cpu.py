@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
-from kvtune.kernels import cpu_backend
+from kvtune.bench import kernel_probes
+from kvtune.bench.kernels_common import DecodeBatch, make_batch, markdown_table, provenance
 from kvtune.kernels.api import paged_decode_attention
-from kvtune.kernels.bench_common import DecodeBatch, make_batch, markdown_table, provenance
 from kvtune.kernels.cache_alloc import allocate_kv_cache
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 
@@ -42,7 +42,7 @@ def ceiling_tensor() -> torch.Tensor:
 def read_bandwidth(data: torch.Tensor, repeats: int) -> dict[str, float]:
     """Median bytes/s of reducing `data`, by torch's sum and by the library's streaming read."""
     rates = {}
-    for name, reduce in (("torch sum", data.sum), ("vector stream", lambda: cpu_backend.stream_read(data))):
+    for name, reduce in (("torch sum", data.sum), ("vector stream", lambda: kernel_probes.stream_read(data))):
         reduce()
         times = []
         for _ in range(repeats):
@@ -120,7 +120,7 @@ def run_cpu(batch: int, min_context: int, max_context: int, repeats: int, seed: 
             reductions = read_bandwidth(ceiling_data, 5)
             timings = {
                 "read-only": _time_layers(
-                    lambda layer: cpu_backend.read_blocks(
+                    lambda layer: kernel_probes.read_blocks(
                         layer.q, layer.kv_cache, layer.paged_tables, layer.seq_lens
                     ),
                     layers,
@@ -169,7 +169,7 @@ def run_cpu(batch: int, min_context: int, max_context: int, repeats: int, seed: 
         f"Several layers' caches ({WORKING_SET_BYTES >> 20} MiB together) are called in turn so reads come from DRAM; "
         f"time = median per layer call ({repeats} rounds for cpu). KV bytes = context tokens x 2 x KV heads x "
         f"head_dim x element size. `read-only` reads the same K/V bytes through the same block tables, in the "
-        f"kernel's order with its prefetching and threads, and does no arithmetic (`cpu_backend.read_blocks`): "
+        f"kernel's order with its prefetching and threads, and does no arithmetic (`kernel_probes.read_blocks`): "
         f"the most a paged decode over this layout can reach here; `of read-only` = read-only time / kernel "
         f"time. Ceiling, per case = the highest of: the median read rate of reducing a 1 GiB float32 tensor by "
         f"torch's sum and by a vector stream (both on huge pages, measured just before the case, "

@@ -30,11 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtune.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
+from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.operator.load import BackgroundLoad, LoadShape
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
 from kvtune.operator.policy import Mode, TuningPolicy
@@ -121,6 +121,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluation-window", type=float, default=3.0)
     parser.add_argument("--tune-seconds", type=float, default=30.0, help="how long the tuner runs first")
     parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
+
+
+def _mean(span: tuple[int, int]) -> float:
+    return (span[0] + span[1]) / 2
+
+
+def workload_text(kv_cache_tokens: int, shape: LoadShape) -> str:
+    """Why this workload makes max_num_seqs bind (or that it does not), from the run's own figures: how many
+    requests at their full length (prompt + output) the pool holds against the number of clients."""
+    prompt, output = _mean(shape.prompt_len), _mean(shape.output_len)
+    longest = shape.prompt_len[1] + shape.output_len[1]
+    shortest = shape.prompt_len[0] + shape.output_len[0]
+    holds = kv_cache_tokens / (prompt + output)
+    pool = (
+        f"the pool holds about {holds:.0f} such requests at their full length ({kv_cache_tokens // longest} "
+        f"of the longest, {kv_cache_tokens // shortest} of the shortest)"
+    )
+    if shape.clients > holds:
+        load = f"so {shape.clients} clients over-subscribe it and max_num_seqs is the binding knob."
+    else:
+        load = f"so {shape.clients} clients do not over-subscribe it and max_num_seqs need not bind."
+    if prompt >= output:
+        cost = (
+            f"Prompts ({prompt:.0f} tokens on average) are long against the outputs ({output:.0f}) so that a "
+            "preemption (the victim recomputes prompt + output so far) costs real work"
+        )
+    else:
+        cost = (
+            f"Prompts ({prompt:.0f} tokens on average) are short against the outputs ({output:.0f}), so a "
+            "preemption (the victim recomputes prompt + output so far) costs mostly the output so far"
+        )
+    return f"{cost}, and {pool}, {load}"
+
+
+def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
+    """The section's method paragraph, every figure taken from the run's arguments."""
+    return (
+        f"Method: one `kvtune serve` (tiny model, KV pool {args.kv_cache_tokens:,} tokens, {ENGINE_THREADS} "
+        f"torch thread{'s' if ENGINE_THREADS != 1 else ''}) under {shape.clients} closed-loop clients (random "
+        f"token-id prompts {args.prompt_len}, outputs {args.output_len} tokens, ignore_eos). "
+        f"{workload_text(args.kv_cache_tokens, shape)} Goodput = the "
+        "engine's generation-tokens counter per second (a preempted request keeps its output, so no counted "
+        "token is thrown away); 'delivered' = generation tokens of finished requests per second (histogram "
+        "sum), a cross-check that moves in lumps; 'per engine CPU-s' = generation tokens per CPU-second the "
+        "engine process used (utime+stime), which discounts the time the shared box took the core away — "
+        "the engine is always busy under this load, so on a quiet machine the two agree. Every static "
+        f"measurement: set max_num_seqs through the admin API, {args.settle:g} s settle, {args.measure:g} s "
+        "measured. (1) Static sweep in two passes (rising, then falling; the table shows mean rates and the "
+        "preemptions of both windows); sweep-best = best goodput among values with zero preemptions in both. "
+        f"(2) max_num_seqs {args.start}, then `kvtune operator --local` logic (interval {args.interval:g} s, "
+        f"evaluation window and cooldown {args.evaluation_window:g} s) for {args.tune_seconds:g} s, then a "
+        f"{2 * args.measure:g} s steady-state window with the tuner still running. Intervals to converge = "
+        "evaluation windows from the tuner's start to the one holding its last change. (3) Tuner stopped; "
+        f"converged and sweep-best values measured alternately, {args.rounds} rounds, medians: the ratio is "
+        "taken from these, under the same machine noise."
+    )
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -232,24 +288,7 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
     lines = [
         "## Tuner (`kvtune bench tuner`)",
         "",
-        f"Method: one `kvtune serve` (tiny model, KV pool {args.kv_cache_tokens:,} tokens, 1 torch thread) under "
-        f"{shape.clients} closed-loop clients (random token-id prompts {args.prompt_len}, outputs "
-        f"{args.output_len} tokens, ignore_eos). Prompts are long against the outputs so that a preemption "
-        "(the victim recomputes prompt + output so far) costs real work, and the pool holds only ~8-10 such "
-        "requests, so 16 clients over-subscribe it and max_num_seqs is the binding knob. Goodput = the "
-        "engine's generation-tokens counter per second (a preempted request keeps its output, so no counted "
-        "token is thrown away); 'delivered' = generation tokens of finished requests per second (histogram "
-        "sum), a cross-check that moves in lumps; 'per engine CPU-s' = generation tokens per CPU-second the "
-        "engine process used (utime+stime), which discounts the time the shared box took the core away — "
-        "the engine is always busy under this load, so on a quiet machine the two agree. Every static measurement: set max_num_seqs through "
-        f"the admin API, {args.settle:g} s settle, {args.measure:g} s measured. (1) Static sweep in two passes "
-        "(rising, then falling; the table shows mean rates and the preemptions of both windows); sweep-best = "
-        "best goodput among values with zero preemptions in both. (2) max_num_seqs {args.start}, then `kvtune operator --local` "
-        f"logic (interval {args.interval:g} s, evaluation window and cooldown {args.evaluation_window:g} s) for "
-        f"{args.tune_seconds:g} s, then a {2 * args.measure:g} s steady-state window with the tuner still "
-        "running. Intervals to converge = evaluation windows from the tuner's start to the one holding its "
-        f"last change. (3) Tuner stopped; converged and sweep-best values measured alternately, {args.rounds} "
-        "rounds, medians: the ratio is taken from these, under the same machine noise.",
+        method_text(args, shape),
         f"Machine: {machine_description()}, shared (another benchmark may be running). "
         f"Revision: {git_revision()}. Load average (1/5/15 min) at start "
         f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, at end "

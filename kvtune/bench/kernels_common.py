@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvtune.benchmarks_md import git_revision, machine_description
+from kvtune.bench.benchmarks_md import git_revision, machine_description
 from kvtune.kernels.cache_alloc import allocate_kv_cache
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from kvtune.benchmarks_md import record_section
+from kvtune.bench.benchmarks_md import record_section
 from kvtune.errors import KvtuneError
 from kvtune.kernels.backends import unavailable_reason
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         reason = unavailable_reason("cpu")
         if reason is not None:
             raise KvtuneError(f"cannot benchmark the cpu backend: {reason}")
-        from kvtune.kernels.bench_cpu import run_cpu
+        from kvtune.bench.kernels_cpu import run_cpu
 
         printable, section = run_cpu(args.batch, args.min_context, args.max_context, args.repeats, args.seed)
         print(printable)
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("gpu: no CUDA device here; the kernels-gpu figures wait for a machine that has one")
         return 0
-    from kvtune.kernels.bench_gpu import run_gpu
+    from kvtune.bench.kernels_gpu import run_gpu
 
     printable, section = run_gpu(max(50, args.repeats), args.seed)
     print(printable)

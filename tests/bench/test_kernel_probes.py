@@ -10,12 +10,12 @@ import operator
 import pytest
 import torch
 
-from kvtune.kernels import cpu_backend
-from kvtune.kernels.bench_common import make_batch
+from kvtune.bench import kernel_probes
+from kvtune.bench.kernels_common import make_batch
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 
 pytestmark = pytest.mark.skipif(
-    cpu_backend.available() is not None, reason="no C++ compiler for the cpu backend"
+    kernel_probes.available() is not None, reason="no C++ compiler for the cpu backend"
 )
 
 
@@ -35,9 +35,9 @@ def test_read_blocks_reads_exactly_the_context_rows(dtype: torch.dtype, block_si
         for t in range(length):
             block = int(batch.paged_tables[seq, t // block_size])
             expected ^= xor_words(batch.kv_cache[block, :, t % block_size])  # K and V rows, every head
-    assert cpu_backend.read_blocks(batch.q, batch.kv_cache, batch.paged_tables, batch.seq_lens) == expected
+    assert kernel_probes.read_blocks(batch.q, batch.kv_cache, batch.paged_tables, batch.seq_lens) == expected
 
 
 def test_stream_read_reads_the_whole_tensor() -> None:
     data = torch.randint(-(2**31), 2**31 - 1, (4096 + 16,), dtype=torch.int32)
-    assert cpu_backend.stream_read(data) == xor_words(data)
+    assert kernel_probes.stream_read(data) == xor_words(data)

@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from kvtune.cli import build_parser, main
-from kvtune.peers.vllm_doctor_check import (
+from kvtune.bench.doctor_vllm import (
     ORIGINAL,
     RECOMMENDED,
     Run,
@@ -19,6 +18,7 @@ from kvtune.peers.vllm_doctor_check import (
     schedule,
     verdict,
 )
+from kvtune.cli import build_parser, main
 
 
 def _run(label: str, seqs: int, tps: float, preemptions: float | None = 0, failed: int = 0) -> Run:
@@ -100,7 +100,7 @@ def test_reads_the_doctors_json() -> None:
 
 def test_registered_as_a_bench() -> None:
     args = build_parser().parse_args(["bench", "doctor-vllm", "--rounds", "3", "--no-record"])
-    assert args._module == "kvtune.peers.vllm_doctor_check"
+    assert args._module == "kvtune.bench.doctor_vllm"
     assert (args.rounds, args.max_num_seqs, args.kv_cache_tokens, args.no_record) == (3, 64, 20_480, True)
 
 

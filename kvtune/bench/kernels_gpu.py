@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from kvtune.bench.kernels_common import DecodeBatch, make_batch, markdown_table, provenance
 from kvtune.kernels.api import paged_decode_attention
-from kvtune.kernels.bench_common import DecodeBatch, make_batch, markdown_table, provenance
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 
 QWEN3_8B = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}

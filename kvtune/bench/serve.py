@@ -11,7 +11,7 @@ client reads that many tokens and then closes the stream, which both servers tre
 the request's KV blocks. That reproduces "declared max_tokens far above the real output" on any server.
 
 Preemptions are the difference of the server's `vllm:num_preemptions_total` (or the `vllm_` spelling)
-scraped from `/metrics` before and after the run.
+scraped from `/metrics` before and after the run. The sending, timing and scraping are `kvtune.bench.load`'s.
 """
 
 from __future__ import annotations
@@ -20,35 +20,21 @@ import argparse
 import asyncio
 import json
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
+from kvtune.bench.load import RequestResult, StreamedRequest, run_open_loop
 from kvtune.errors import KvtuneError
 from kvtune.sim.distributions import LengthDistribution
-
-PREEMPTION_SERIES = ("vllm:num_preemptions_total", "vllm_num_preemptions_total")
 
 
 @dataclass
 class BenchRequest:
     prompt_ids: list[int]
     output_len: int
-
-
-@dataclass
-class RequestResult:
-    ok: bool
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    ttft: float | None = None
-    itl: list[float] = field(default_factory=list)
-    error: str | None = None
 
 
 @dataclass
@@ -93,26 +79,9 @@ def base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-async def scrape_preemptions(client: httpx.AsyncClient, base: str) -> float | None:
-    """The server's cumulative preemption count, or None when /metrics is unreachable or lacks it."""
-    try:
-        response = await client.get(f"{base}/metrics")
-        response.raise_for_status()
-    except httpx.HTTPError:
-        return None
-    total = None
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name in PREEMPTION_SERIES:
-                total = (total or 0.0) + sample.value
-    return total
-
-
-async def send_one(
-    client: httpx.AsyncClient, base: str, model: str, request: BenchRequest, workload: Workload
-) -> RequestResult:
-    """Stream one completion; a token is a stream chunk that carries a choice."""
-    payload: dict[str, Any] = {
+def request_body(model: str, request: BenchRequest, workload: Workload) -> dict[str, Any]:
+    """What one request sends: streamed, usage included, greedy; declared max_tokens per the workload."""
+    body: dict[str, Any] = {
         "model": model,
         "prompt": request.prompt_ids,
         "max_tokens": workload.max_tokens or request.output_len,
@@ -121,77 +90,17 @@ async def send_one(
         "temperature": 0.0,
     }
     if workload.ignore_eos:
-        payload["ignore_eos"] = True
-    truncate = workload.max_tokens is not None
-    result = RequestResult(ok=False, prompt_tokens=len(request.prompt_ids))
-    start = last = time.perf_counter()
-    try:
-        async with client.stream("POST", f"{base}/v1/completions", json=payload) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {body[:200]}"
-                return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    result.error = str(chunk["error"].get("message", chunk["error"]))
-                    return result
-                if chunk.get("usage"):
-                    result.prompt_tokens = chunk["usage"].get("prompt_tokens", result.prompt_tokens)
-                    if not truncate:
-                        result.output_tokens = chunk["usage"].get("completion_tokens", result.output_tokens)
-                if not chunk.get("choices"):
-                    continue
-                now = time.perf_counter()
-                if result.ttft is None:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-                result.output_tokens += 1
-                if truncate and result.output_tokens >= request.output_len:
-                    break  # leaving the block closes the connection: the server aborts the request
-    except (httpx.HTTPError, json.JSONDecodeError) as err:
-        result.error = f"{type(err).__name__}: {err}"
-        return result
-    result.ok = True
-    return result
+        body["ignore_eos"] = True
+    return body
 
 
-async def run_load(
-    args: argparse.Namespace, workload: Workload
-) -> tuple[list[RequestResult], float, float | None]:
-    """Send every request (at the given rate, at most `concurrency` at once); returns results, duration
-    and the preemption delta."""
-    base = base_url(args.url)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(args.timeout, connect=30.0)
-    gate = asyncio.Semaphore(args.concurrency) if args.concurrency else None
-    rng = np.random.default_rng(args.seed + 1)
-    rate = args.request_rate
-    gaps = rng.exponential(1.0 / rate, len(workload.requests)) if math.isfinite(rate) else None
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        before = await scrape_preemptions(client, base)
-
-        async def one(request: BenchRequest, delay: float) -> RequestResult:
-            await asyncio.sleep(delay)
-            if gate is None:
-                return await send_one(client, base, args.model, request, workload)
-            async with gate:
-                return await send_one(client, base, args.model, request, workload)
-
-        delays = np.cumsum(gaps).tolist() if gaps is not None else [0.0] * len(workload.requests)
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(r, d) for r, d in zip(workload.requests, delays, strict=True)))
-        duration = time.perf_counter() - start
-        after = await scrape_preemptions(client, base)
-    delta = after - before if before is not None and after is not None else None
-    return list(results), duration, delta
+def streamed_requests(model: str, workload: Workload) -> list[StreamedRequest]:
+    """With a declared --max-tokens, each stream is read to its true output length and then closed."""
+    read_to_true_length = workload.max_tokens is not None
+    return [
+        StreamedRequest(request_body(model, r, workload), r.output_len if read_to_true_length else None)
+        for r in workload.requests
+    ]
 
 
 def _percentiles_ms(values: list[float]) -> dict[str, float | None]:
@@ -303,7 +212,16 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     rng = np.random.default_rng(args.seed)
     workload = Workload(build_requests(args, rng), args.max_tokens, args.ignore_eos)
-    results, duration, preemptions = asyncio.run(run_load(args, workload))
+    results, duration, preemptions = asyncio.run(
+        run_open_loop(
+            base_url(args.url),
+            streamed_requests(args.model, workload),
+            request_rate=args.request_rate,
+            concurrency=args.concurrency,
+            seed=args.seed + 1,
+            timeout_s=args.timeout,
+        )
+    )
     summary = summarize(args, results, duration, preemptions)
     print(format_table(summary))
     if args.json:

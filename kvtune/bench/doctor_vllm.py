@@ -28,7 +28,16 @@ from typing import Any
 
 import httpx
 
-from kvtune.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.load import BatchSpec, LoadResult, run_batch
+from kvtune.bench.scrape import metric_totals
+from kvtune.bench.vllm_cpu import (
+    DEFAULT_VENV_DIR,
+    VllmServerConfig,
+    ensure_venv,
+    installed_versions,
+    start_server,
+)
 from kvtune.errors import KvtuneError
 from kvtune.operator.diagnosis import diagnose, no_data
 from kvtune.operator.doctor import collect, report
@@ -37,14 +46,6 @@ from kvtune.operator.ladder import plan
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sources import MetricsEndpoint
 from kvtune.operator.window import Window
-from kvtune.peers.saturating_load import LoadResult, LoadSpec, metric_samples, run_load
-from kvtune.peers.vllm_cpu import (
-    DEFAULT_VENV_DIR,
-    VllmServerConfig,
-    ensure_venv,
-    installed_versions,
-    start_server,
-)
 
 ORIGINAL = "original"
 RECOMMENDED = "recommended"
@@ -231,8 +232,8 @@ def wait_for_finished(url: str, count: int, timeout_s: float) -> float:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            done = metric_samples(httpx.get(f"{url}/metrics", timeout=10).text).get(SUCCESS_METRIC, 0.0)
-        except httpx.HTTPError:
+            done = metric_totals(httpx.get(f"{url}/metrics", timeout=10).text).get(SUCCESS_METRIC, 0.0)
+        except (httpx.HTTPError, ValueError):  # unreachable, or a body that is not Prometheus text
             done = 0.0
         if done >= count or time.monotonic() > deadline:
             return done
@@ -249,14 +250,14 @@ def run_doctor(url: str, samples: int, window_s: float, known: EngineView) -> di
 
 
 async def _load_with_doctor(
-    url: str, model: str, spec: LoadSpec, args: argparse.Namespace, known: EngineView
+    url: str, model: str, spec: BatchSpec, args: argparse.Namespace, known: EngineView
 ) -> tuple[LoadResult, dict[str, Any], float]:
     async def doctor() -> tuple[dict[str, Any], float]:
         finished = await asyncio.to_thread(wait_for_finished, url, args.doctor_after, args.doctor_timeout)
         data = await asyncio.to_thread(run_doctor, url, args.doctor_samples, args.doctor_window, known)
         return data, finished
 
-    result, (data, finished) = await asyncio.gather(run_load(url, model, spec), doctor())
+    result, (data, finished) = await asyncio.gather(run_batch(url, model, spec), doctor())
     return result, data, finished
 
 
@@ -286,11 +287,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _replay(
-    config: VllmServerConfig, spec: LoadSpec, args: argparse.Namespace, folder: Path, i: int
+    config: VllmServerConfig, spec: BatchSpec, args: argparse.Namespace, folder: Path, i: int
 ) -> LoadResult:
     wait_for_no_other_vllm(args.wait_other_vllm)
     with start_server(config, venv_dir=args.venv, log_path=folder / f"vllm-{i}.log") as server:
-        return asyncio.run(run_load(server.url, config.served_model_name, spec))
+        return asyncio.run(run_batch(server.url, config.served_model_name, spec))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -299,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise KvtuneError("--rounds must be at least 1")
     load_before = os.getloadavg()
-    spec = LoadSpec(
+    spec = BatchSpec(
         num_requests=args.num_requests,
         prompt_tokens=tuple(args.prompt_tokens),
         output_tokens=tuple(args.output_tokens),
@@ -359,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _section(
     args: argparse.Namespace,
-    spec: LoadSpec,
+    spec: BatchSpec,
     runs: list[Run],
     value: int | None,
     doctor_json: dict[str, Any],
