@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from kvtune.errors import KvtuneError
 
-# verb -> (module, help). Modules are imported only when their verb runs, so `kvtune sim` never loads torch.
+# verb -> (module, help). A verb's module is imported only when that verb runs (see build_parser).
 VERBS: dict[str, tuple[str, str]] = {
     "sim": ("kvtune.sim.command", "trace-driven KV-cache simulation (no model)"),
     "demo": ("kvtune.demo", "the main job on the embedded default, with a report"),
@@ -52,22 +52,36 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str], names: dict[str, tuple[str, str]]) -> str | None:
+    """The first word of `argv` that names an entry of `names` (flags before it are skipped), if any."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in names else None
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser for `argv`: every verb is listed, but only the verb `argv` names has its module imported
+    to add its flags, so `kvtune operator` or `kvtune doctor` never loads torch, fastapi or uvicorn."""
     parser = _Parser(prog="kvtune", description="Watch and tune the KV cache of LLM inference servers.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     verbs.required = True
+    chosen = _chosen(argv, {**VERBS, "bench": ("", "")})
     for verb, (module, help_text) in VERBS.items():
         sub = verbs.add_parser(verb, help=help_text, description=help_text)
         sub.set_defaults(_module=module)
-        _register(sub, module)
+        if verb == chosen:
+            _register(sub, module)
     bench = verbs.add_parser("bench", help="benchmarks that print a table and record it in BENCHMARKS.md")
     benches = bench.add_subparsers(dest="bench", metavar="BENCH", parser_class=_Parser)
     benches.required = True
+    chosen_bench = _chosen(argv[list(argv).index("bench") + 1 :], BENCHES) if chosen == "bench" else None
     for name, (module, help_text) in BENCHES.items():
         sub = benches.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(_module=module)
-        _register(sub, module)
+        if name == chosen_bench:
+            _register(sub, module)
     return parser
 
 
@@ -86,8 +100,9 @@ def _register(sub: argparse.ArgumentParser, module: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, unparsed = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words)
+    args, unparsed = parser.parse_known_args(words)
     try:
         if getattr(args, "_missing", None):  # its arguments were never added, so none of them parsed
             raise KvtuneError(args._missing)

@@ -99,7 +99,8 @@ def test_reads_the_doctors_json() -> None:
 
 
 def test_registered_as_a_bench() -> None:
-    args = build_parser().parse_args(["bench", "doctor-vllm", "--rounds", "3", "--no-record"])
+    argv = ["bench", "doctor-vllm", "--rounds", "3", "--no-record"]
+    args = build_parser(argv).parse_args(argv)
     assert args._module == "kvtune.bench.doctor_vllm"
     assert (args.rounds, args.max_num_seqs, args.kv_cache_tokens, args.no_record) == (3, 64, 20_480, True)
 

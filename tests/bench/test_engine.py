@@ -30,7 +30,8 @@ from kvtune.errors import KvtuneError
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["bench", "engine", *argv])
+    words = ["bench", "engine", *argv]
+    return build_parser(words).parse_args(words)
 
 
 def _run(index: int, server: str, tokens_per_s: float, preemptions: float | None = 0.0) -> RunResult:

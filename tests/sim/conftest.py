@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.imports_seen import run_kvtune, user_output
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,7 +28,15 @@ def kvtune_json(*args: str) -> Any:
 
 
 @pytest.fixture(scope="session")
-def seed_table() -> list[dict[str, Any]]:
-    """The seed table, computed once per test session (it is the slowest thing the simulator does)."""
-    rows: list[dict[str, Any]] = kvtune_json("sim", "--table", "seed")
+def seed_table_run() -> subprocess.CompletedProcess[str]:
+    """`kvtune sim --table seed --json`, run once per test session (it is the slowest thing the simulator
+    does), with Python's import log on stderr so the no-torch check can read it too."""
+    done = run_kvtune("sim", "--table", "seed", "--json")
+    assert done.returncode == 0, user_output(done.stderr)
+    return done
+
+
+@pytest.fixture(scope="session")
+def seed_table(seed_table_run: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(seed_table_run.stdout)
     return rows

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.imports_seen import heavy_imports
 from tests.sim.conftest import kvtune
 
 
@@ -52,3 +54,9 @@ def test_pool_from_model_geometry() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "resident sequences" in done.stdout
+
+
+def test_the_seed_table_loads_no_torch_nor_the_server(
+    seed_table_run: subprocess.CompletedProcess[str],
+) -> None:
+    assert heavy_imports(seed_table_run.stderr) == set()
