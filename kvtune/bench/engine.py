@@ -1,7 +1,7 @@
 """`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on the tiny checkpoint, alternating.
 
 Both servers run as subprocesses on the same checkpoint (written by the tiny-model code into a cache
-folder), in float32, with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
+folder), in one dtype (`--dtype`, float32 by default), with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
 adds its null block), block size 32, max_num_seqs 64, max_model_len 4096, the same max_num_batched_tokens
 (vLLM's CPU default, 2048) and prefix caching on. The runs alternate kvtune, vLLM, kvtune, vLLM, ... so a
 drift in machine load hits both sides alike; boot is never timed.
@@ -39,6 +39,14 @@ from kvtune.errors import KvtuneError
 
 SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
+DTYPES = ("float32", "bfloat16")
+
+
+def section_name(dtype: str) -> str:
+    """One BENCHMARKS.md section per dtype; float32 keeps the section's original name."""
+    return SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+
+
 _LOG_TAIL_CHARS = 3000
 KVTUNE = "kvtune"
 VLLM = "vLLM"
@@ -55,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-dir", type=Path, help=f"tiny checkpoint folder (default: {default_model_dir()})"
     )
     parser.add_argument("--rounds", type=int, default=2, help="kvtune+vLLM pairs, alternating")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="what both servers compute in")
     parser.add_argument("--kv-cache-tokens", type=int, default=65_536, help="usable KV pool of each server")
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--max-num-seqs", type=int, default=64)
@@ -129,7 +138,7 @@ def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--dtype", "float32",
+        "--dtype", args.dtype,
         "--device", "cpu",
         "--block-size", str(args.block_size),
         "--kv-cache-tokens", str(args.kv_cache_tokens),
@@ -150,7 +159,7 @@ def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServerConfig:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         kv_cache_tokens=args.kv_cache_tokens,
-        dtype="float32",
+        dtype=args.dtype,
         cpu_threads=args.vllm_threads,
         extra_args=(
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
@@ -245,12 +254,12 @@ def format_section(
     low_p, high_p = args.prompt_tokens
     low_o, high_o = args.output_tokens
     body = [
-        "## kvtune serve against vLLM (`kvtune bench engine`)",
+        f"## kvtune serve against vLLM (`kvtune bench engine --dtype {args.dtype}`)",
         "",
         f"Method: the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads) served "
         f"by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
         f"{versions.get('torch', '?')}), each as a subprocess, alternating kvtune, vLLM, ... for "
-        f"{args.rounds} rounds. Both: float32, {args.kv_cache_tokens:,} usable KV tokens (vLLM "
+        f"{args.rounds} rounds. Both: {args.dtype}, {args.kv_cache_tokens:,} usable KV tokens (vLLM "
         f"`--kv-cache-memory-bytes` sized for that plus its null block), block size {args.block_size}, "
         f"max_num_seqs {args.max_num_seqs}, max_model_len {args.max_model_len}, max_num_batched_tokens "
         f"{args.max_num_batched_tokens}, prefix caching on. Workload: {args.num_requests} requests sent at "
@@ -426,7 +435,8 @@ def fairness_notes(args: argparse.Namespace) -> list[str]:
         f"- Threads: kvtune used {kvtune_threads}; its HTTP server runs in the same process on the event-loop "
         f"thread. vLLM used {vllm_threads}. Neither side was given more than the machine's {cores} cores; "
         "the client (one asyncio process, non-streamed) shares them with the server under test for both.",
-        "- The same checkpoint files, float32 for both (vLLM's `auto` would downcast to bfloat16 on CPU).",
+        f"- The same checkpoint files, served in {args.dtype} by both (each side's `auto` would pick its own: "
+        "vLLM downcasts a float32 checkpoint to bfloat16 on CPUs, kvtune does so only on CPUs with AVX512-BF16).",
         "- The same request bodies (token-id prompts, `max_tokens`, `ignore_eos`, `temperature` 0) from one "
         "seed; every run completes every request, so both sides generate the same number of tokens.",
         "- Alternating runs spread any change in background load over both sides; the 1-minute load average "
@@ -503,6 +513,6 @@ def run(args: argparse.Namespace) -> int:
             versions=installed_versions(venv),
             notes=fairness_notes(args) + _read_notes(args.notes_file),
         )
-        record_section(SECTION, section, args.output)
+        record_section(section_name(args.dtype), section, args.output)
         print(f"recorded in {args.output}", file=sys.stderr)
     return 0
