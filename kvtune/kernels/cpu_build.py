@@ -27,7 +27,9 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -98,5 +100,14 @@ def load(source: Path = SOURCE) -> ctypes.CDLL:
     return ctypes.CDLL(str(build(source)))
 
 
+def build_all(sources: list[Path]) -> list[Path]:
+    """Build several libraries at once (one compiler each), so a fresh machine waits for the longest only."""
+    with ThreadPoolExecutor(max_workers=max(1, len(sources))) as pool:
+        return list(pool.map(build, sources))
+
+
 if __name__ == "__main__":
-    print(build())
+    # `python kvtune/kernels/cpu_build.py [SOURCE ...]` needs neither torch nor an installed kvtune (only the
+    # standard library and kvtune.errors), so `make` runs it while pip installs the rest.
+    for built in build_all([Path(arg) for arg in sys.argv[1:]] or [SOURCE]):
+        print(built)
