@@ -3,39 +3,18 @@ no uvicorn (the seed table's run is checked in tests/sim, where it is computed o
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.imports_seen import heavy_imports, run_kvtune, user_output
-
-FIXTURES = Path(__file__).parent / "operator" / "fixtures"
+from tests.operator.helpers import fixture_text, serve_bodies
 
 
 @pytest.fixture()
 def metrics_stub() -> Iterator[str]:
     """A loopback server that answers every GET with a recorded kvtune /metrics page."""
-    body = (FIXTURES / "kvtune_preempting_t1.prom").read_bytes()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
+    yield from serve_bodies([fixture_text("kvtune_preempting_t1.prom")])
 
 
 def test_operator_help_loads_no_torch_nor_the_server() -> None:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from kvtune.cli import main
-from tests.operator.helpers import fixture_text
+from tests.operator.helpers import fixture_text, serve_bodies
 
 REMEDIES = ["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv"]
 
@@ -19,22 +17,7 @@ REMEDIES = ["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recom
 def scrapes() -> Iterator[str]:
     """/metrics answers the recorded t0 scrape first, then t1 (49 preemptions later)."""
     bodies = [fixture_text("kvtune_preempting_t0.prom"), fixture_text("kvtune_preempting_t1.prom")]
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = bodies.pop(0) if len(bodies) > 1 else bodies[0]
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    yield from serve_bodies(bodies)
 
 
 def test_json_contract(scrapes: str, capsys: pytest.CaptureFixture[str]) -> None:
