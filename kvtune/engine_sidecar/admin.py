@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.async_engine import AsyncEngine, EngineDeadError
 from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.protocol import error_body
 from kvtune.engine_sidecar.request_body import read_json
 from kvtune.errors import KvtuneError
 

@@ -6,34 +6,20 @@ heads kvtune does not run) cost nothing, and a missing one is reported by name b
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from kvtune.engine_sidecar.config import ModelConfig, parse_model_config, token_ids
+from kvtune.engine_sidecar.config import ModelConfig, parse_model_config
+from kvtune.engine_sidecar.hf_files import read_json, token_ids
 from kvtune.errors import KvtuneError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _READ_ERRORS = (OSError, RuntimeError, ValueError, SafetensorError)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """One JSON object from a checkpoint file, with a clear error for a missing or broken file."""
-    if not path.is_file():
-        raise KvtuneError(f"{path} is missing")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise KvtuneError(f"{path} is not valid JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise KvtuneError(f"{path} must hold a JSON object")
-    return data
 
 
 @dataclass(frozen=True)

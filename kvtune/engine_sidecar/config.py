@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from kvtune.engine_sidecar.hf_files import token_ids
 from kvtune.errors import KvtuneError
 
 # architecture -> (q/k/v projections have a bias, o_proj has a bias, per-head q/k RMSNorm)
@@ -80,14 +81,6 @@ def _require(raw: dict[str, Any], key: str) -> Any:
     if key not in raw or raw[key] is None:
         raise KvtuneError(f"config.json lacks {key!r}")
     return raw[key]
-
-
-def token_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
 
 
 def parse_rope(raw: dict[str, Any]) -> RopeConfig:

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -44,7 +45,6 @@ from kvtune.engine_sidecar.protocol import (
     CompletionRequest,
     CompletionResponse,
     Usage,
-    error_body,
 )
 from kvtune.engine_sidecar.request_body import read_json
 from kvtune.errors import KvtuneError

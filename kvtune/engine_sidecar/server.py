@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvtune.engine_sidecar.admin import AdminConfigPatch, build_admin_router
+from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
 from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
@@ -27,7 +28,6 @@ from kvtune.engine_sidecar.protocol import (
     CompletionRequest,
     ModelCard,
     ModelList,
-    error_body,
 )
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit, RequestBodyError
 from kvtune.engine_sidecar.stats_log import log_stats_forever

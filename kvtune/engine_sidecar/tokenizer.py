@@ -20,8 +20,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Encoding, Tokenizer, decoders
 
-from kvtune.engine_sidecar.checkpoint import read_json
-from kvtune.engine_sidecar.config import token_ids
+from kvtune.engine_sidecar.hf_files import read_json, token_ids
 from kvtune.engine_sidecar.tiny_tokenizer import byte_symbols
 from kvtune.errors import KvtuneError
 
