@@ -41,6 +41,7 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvtune doctor against vLLM's CPU build: diagnose, restart with the recommendation, replay",
     ),
     "tuner": ("kvtune.bench.tuner", "max_num_seqs tuner against a static sweep on a live engine"),
+    "proxy": ("kvtune.bench.proxy", "kvtune proxy in front of an engine against the engine direct"),
 }
 
 

