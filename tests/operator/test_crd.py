@@ -126,6 +126,16 @@ def test_missing_required_fields_are_rejected() -> None:
         KVTuningPolicy.model_validate(bad)
 
 
+KVTUNE_BEHIND_A_PROXY = {
+    "name": "m",
+    "engine": "kvtune",
+    "adminUrl": "http://m:8000",
+    "adminTokenSecretRef": {"name": "m-admin"},
+    "proxyAdminUrl": "http://proxy:8001",
+    "proxyAdminTokenSecretRef": {"name": "proxy-admin"},
+}
+
+
 def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
     spec = sample()["spec"]
     for change in (
@@ -133,14 +143,10 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
         {"metrics": {"metricsUrl": "http://x:8000", "prometheus": spec["metrics"]["prometheus"]}},
         {"bounds": {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}},
         {"target": {**spec["target"], "proxyAdminUrl": "http://proxy:8001"}},  # proxy URL without its token
-        {"target": {**spec["target"], "proxyAdminTokenSecretRef": {"name": "proxy-admin"}}},  # and the reverse
-        {  # a kvtune engine caps max_tokens itself: no proxy in front of it
-            "target": {
-                **spec["target"], "engine": "kvtune", "adminUrl": "http://m:8000",
-                "adminTokenSecretRef": {"name": "m-admin"}, "proxyAdminUrl": "http://proxy:8001",
-                "proxyAdminTokenSecretRef": {"name": "proxy-admin"},
-            }
-        },  # fmt: skip
+        {
+            "target": {**spec["target"], "proxyAdminTokenSecretRef": {"name": "proxy-admin"}}
+        },  # and the reverse
+        {"target": KVTUNE_BEHIND_A_PROXY},  # a kvtune engine caps max_tokens itself: no proxy in front
         {"metrics": {**spec["metrics"], "proxyMetricsUrl": "http://proxy:8001"}},  # only beside metricsUrl
     ):
         with pytest.raises(pydantic.ValidationError):
