@@ -1,10 +1,10 @@
 """Why a prompt missed the prefix cache, and what to change, in words a person can act on.
 
-The reasons and their one-line fixes are the prefix-defeat detector's (`kvtune.core.prefix_defeats`, whose
-`report()` carries them as `fixes`). The operator reads the detector only over HTTP, and when it reads
-Prometheus it has no report at all, so it keeps this table beside the metrics it names;
-tests/operator/test_prefix_fixes.py pins it to the detector's. Also here: the sentence that says where a
-defeat's span lies in a prompt, from one of the report's examples.
+The reasons and their one-line fixes are the prefix-defeat detector's (`kvtune.core.prefix_defeats`, which
+the operator may import: it is pure core). Its report carries them filled with an example's figures; from
+metrics alone (Prometheus, no report) the operator fills in what the series say: the block size, and for
+`shorter_than_block` the shared prefix's length (tokens lost per defeat). Also here: the sentence that says
+where a defeat's span lies in a prompt, from one of the report's examples.
 """
 
 from __future__ import annotations
@@ -12,35 +12,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-# The `reason` label values of kvtune:prefix_defeats_total / kvtune:prefix_defeat_tokens_total.
-REASONS: tuple[str, ...] = ("varying_head", "shorter_than_block", "misaligned", "salted", "evicted")
+from kvtune.core.prefix_defeats import REASONS, DefeatFinding, fix_for
 
-FIXES: dict[str, str] = {
-    "varying_head": "move the varying span (timestamp, request id, user name) after the shared prompt",
-    "shorter_than_block": (
-        "the shared prefix is {shared} tokens, under one block of {block}: lengthen it or use a smaller block"
-    ),
-    "misaligned": "put the shared document before the variable-length preamble",
-    "salted": "use one cache_salt per tenant, not per request",
-    "evicted": (
-        "the blocks were evicted {since} before reuse: more KV memory (FP8 KV, larger "
-        "gpu_memory_utilization) or fewer concurrent sequences"
-    ),
-}
+__all__ = ["REASONS", "fix_text", "where_text"]
 
 
-def fix_text(
-    reason: str, *, shared: float | None = None, block: int | None = None, since_s: float | None = None
-) -> str:
-    """The fix for `reason`, with the figures filled in where they are known (and worded around them where
-    they are not: metrics carry no eviction age, only a report's examples do)."""
-    template = FIXES.get(reason)
-    if template is None:
-        return f"unknown reason {reason!r}: see the engine's /kvtune/prefix-report"
-    shared_text = f"~{shared:,.0f}" if shared is not None else "a few"
-    block_text = f"{block}" if block is not None else "B"
-    since_text = f"{since_s:,.0f} s" if since_s is not None else "shortly"
-    return template.format(shared=shared_text, block=block_text, since=since_text)
+def fix_text(reason: str, *, shared: float | None = None, block: int | None = None) -> str:
+    """The detector's fix for `reason`, with the figures the metrics give (`shared`: tokens lost per
+    defeat, which for `shorter_than_block` is the shared prefix's length)."""
+    if reason not in REASONS:
+        return f"unknown reason {reason!r}: see the server's /kvtune/prefix-report"
+    if block is None:
+        if reason == "shorter_than_block":
+            return "the shared prefix is under one block: lengthen it or use a smaller block"
+        block = 0  # only shorter_than_block's wording uses it
+    finding = None
+    if reason == "shorter_than_block" and shared:
+        length = round(shared)
+        finding = DefeatFinding(reason, length, 0, length, 0, length, block_size=block)
+    return fix_for(reason, block, finding)
 
 
 def _int(example: Mapping[str, Any], key: str) -> int | None:

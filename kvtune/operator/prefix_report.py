@@ -52,11 +52,9 @@ def defeat_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
         defeats, lost = _number(found.get("defeats")), _number(found.get("tokens_lost"))
         examples = [e for e in found.get("examples") or [] if isinstance(e, dict)]
         example = examples[-1] if examples else {}
-        since = example.get("since_last_use_s")
         fix = fixes.get(reason)
         if not isinstance(fix, str) or not fix:
-            fix = fix_text(reason, shared=lost / defeats, block=block,
-                           since_s=since if isinstance(since, int | float) else None)  # fmt: skip
+            fix = fix_text(reason, shared=lost / defeats, block=block)
         entries.append({
             "reason": reason,
             "defeats": int(defeats),

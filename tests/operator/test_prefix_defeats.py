@@ -122,7 +122,7 @@ def test_clean_traffic_flags_nothing() -> None:
 
 
 def test_shorter_than_block_fix_carries_the_prefix_and_block_lengths() -> None:
-    before, after = synthetic(1000.0), synthetic(1010.0, generated=100.0)
+    before, after = synthetic(1000.0), synthetic(1010.0, generated=400.0)
     grown = {
         f"{m.PREFIX_DEFEATS}:shorter_than_block": 8.0,
         f"{m.PREFIX_DEFEAT_TOKENS}:shorter_than_block": 80.0,
@@ -134,8 +134,10 @@ def test_shorter_than_block_fix_carries_the_prefix_and_block_lengths() -> None:
                                after.cache_config)])  # fmt: skip
     view = engine_view_from_sample(window.latest)
     advice = flag_prefix_defeat(diagnose(window, view), view, TuningPolicy())
-    assert "shorter_than_block: 8 prompts (100% of defeats), 80 tokens lost" in advice.evidence
-    assert "the shared prefix is ~10 tokens, under one block of 16: lengthen it or use a smaller block" in (
+    assert "shorter_than_block: 8 prompts (100% of defeats), 80 tokens lost (40% of prompt tokens)" in (
+        advice.evidence
+    )
+    assert "the shared prefix is 10 tokens, under one block of 16: lengthen it or use a smaller block" in (
         advice.evidence
     )
 
@@ -173,11 +175,13 @@ def test_doctor_says_where_the_varying_span_lies(
     out = doctor(["--metrics-url", kvtune_serve_url], capsys)
     assert (
         "  varying_head: tokens 0-11 vary (a timestamp or id?), then 48 shared tokens; 40 requests, "
-        "1,920 tokens lost: move the varying span (timestamp, request id, user name) after the shared prompt"
+        "1,920 tokens lost: move the varying span (tokens 0-11) (timestamp, request id, user name) after the "
+        "shared prompt"
     ) in out
     assert (
         "  misaligned: 32 shared tokens start at token 7, shifted 5 tokens against an earlier prompt (5 off the "
-        "block grid); 3 requests, 96 tokens lost: put the shared document before the variable-length preamble"
+        "block grid); 3 requests, 96 tokens lost: put the shared document before the variable-length preamble "
+        "(it moves by 5 tokens between prompts)"
     ) in out
     assert "flag_prefix_defeat: prefix hit rate: " in out and VARYING_HEAD in out
 
