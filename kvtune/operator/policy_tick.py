@@ -66,12 +66,13 @@ FIELDS = {
 
 class UnavailableActuator:
     """Stands in when the real actuator cannot be built (a missing Secret): diagnosis and recommendations
-    continue, nothing is applied. Inside a ComposedActuator it holds the knobs it stands for (so they are
-    not routed elsewhere) and fails every call on them."""
+    continue, nothing is applied. It holds no knob, so inside a ComposedActuator the knobs it stands for
+    become recommendations and the ladder moves on to the knobs the other parts can change."""
 
-    def __init__(self, error: str, knobs: frozenset[str] = frozenset()) -> None:
+    knobs: frozenset[str] = frozenset()
+
+    def __init__(self, error: str) -> None:
         self.error = error
-        self.knobs = knobs
 
     def current(self) -> ActuatorResult:
         return ActuatorResult(False, {}, self.error)
@@ -128,7 +129,7 @@ def admin_actuator(
     try:
         token = secrets.value(api, namespace, ref.name, ref.key)
     except KubeError as err:
-        return UnavailableActuator(f"{name} token secret {namespace}/{ref.name}: {err}", knobs)
+        return UnavailableActuator(f"{name} token secret {namespace}/{ref.name}: {err}")
     return KvtuneAdminActuator(url, token, knobs=knobs, name=name)
 
 
