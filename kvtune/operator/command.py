@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("kvtune.operator")
 
     def on_tick(tick: Tick) -> None:
+        if isinstance(source, EngineWithProxy) and source.proxy_problem:
+            log.warning("proxy metrics missing this tick (defeat and cap series): %s", source.proxy_problem)
         if tick.decision is not None and not tick.applied:
             d = tick.decision.diagnosis
             log.info(

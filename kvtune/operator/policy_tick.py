@@ -93,6 +93,7 @@ class PolicyMemory:
     recommended: KnobValues | None = None
     no_data: bool = False
     actuator_error: str | None = None
+    proxy_problem: str | None = None  # why the proxy's /metrics could not be read at the last evaluation
     secrets: SecretCache = field(default_factory=SecretCache)
 
     @staticmethod
@@ -283,7 +284,13 @@ def evaluate(
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
     previous = memory.state
-    tick = step(source_for(spec), actuator, policy, previous, memory.samples, now)
+    source = source_for(spec)
+    tick = step(source, actuator, policy, previous, memory.samples, now)
+    proxy_problem = source.proxy_problem if isinstance(source, EngineWithProxy) else None
+    if proxy_problem and not memory.proxy_problem:
+        events.append(EventSpec("Warning", "ProxyMetricsMissing",
+                                f"the proxy's /metrics (defeat and cap series) cannot be read: {proxy_problem}"))  # fmt: skip
+    memory.proxy_problem = proxy_problem
     seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
     events += [history_event(h) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen]
     for change, result in tick.applied:

@@ -211,6 +211,24 @@ async def test_a_missing_proxy_secret_leaves_the_cap_a_recommendation(
     assert read_flag(container_args(kube), "--max-num-seqs") != 64  # the Deployment's knob still moves
 
 
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(30)
+async def test_proxy_metrics_that_cannot_be_read_are_an_event_not_a_stop(
+    kube: OptimisticEmulator, vllm_url: str, proxy: ThreadingHTTPServer
+) -> None:
+    add_deployment(kube, ARGS)
+    add_admin_secret(kube, PROXY_TOKEN, "1")
+    spec = behind_proxy(vllm_url, url(proxy))
+    spec["metrics"]["proxyMetricsUrl"] = "http://127.0.0.1:9"  # nothing listens
+    add_policy(kube, spec)
+    outcomes = await two_ticks(spec)
+    assert all(o.tick.no_data is None for o in outcomes)  # the engine's metrics carry the diagnosis
+    missing = [e for e in our_events(kube) if e["reason"] == "ProxyMetricsMissing"]
+    assert len(missing) == 1 and "127.0.0.1:9" in missing[0]["message"]  # once, on the transition
+    assert proxy.patches == [{"max_tokens_cap": CAP}]  # type: ignore[attr-defined]  # the cap still acts
+
+
 def test_local_operator_sets_the_cap_through_the_proxy(
     vllm_url: str, proxy: ThreadingHTTPServer, tmp_path: Path
 ) -> None:
