@@ -1,6 +1,7 @@
 """`kvtune operator`: in a cluster, kopf runs the handlers over KVTuningPolicy resources (`--namespace`,
 repeatable, or `--all-namespaces`); `--local --target URL --admin-token-file F` runs the same tuning loop
-against one engine without Kubernetes.
+against one engine without Kubernetes, and `--local --target URL --proxy URL --proxy-admin-token-file F`
+against a vLLM or SGLang engine behind a kvtune proxy (the cap set through the proxy).
 """
 
 from __future__ import annotations
@@ -14,16 +15,29 @@ from pathlib import Path
 from types import FrameType
 
 from kvtune.errors import KvtuneError
-from kvtune.operator.actuators import KvtuneAdminActuator
+from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
+from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint, url_problem
+from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, url_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local", action="store_true", help="tune one engine directly, without Kubernetes")
     parser.add_argument("--target", help="the engine's base URL (its /metrics and /admin/config)")
     parser.add_argument("--admin-token-file", help="file holding the engine's admin bearer token")
+    parser.add_argument(
+        "--proxy",
+        metavar="URL",
+        help="a kvtune proxy in front of a vLLM / SGLang --target: its /metrics is read beside the engine's "
+        "and the max_tokens cap is set through its admin API",
+    )
+    parser.add_argument("--proxy-admin-token-file", help="file holding the proxy's admin bearer token")
+    parser.add_argument(
+        "--proxy-admin-url",
+        metavar="URL",
+        help="the proxy's admin API when it has its own port (default: --proxy)",
+    )
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.APPLY.value)
     parser.add_argument("--evaluation-window", type=float, help="seconds (default: 3 intervals)")
@@ -76,22 +90,59 @@ def run_in_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_token(flag: str, path: str) -> str:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise KvtuneError(f"{flag} {path}: {err.strerror or err}") from None
+    if not token:
+        raise KvtuneError(f"{flag} {path} is empty")
+    return token
+
+
+def checked_url(flag: str, url: str) -> str:
+    problem = url_problem(url)
+    if problem is not None:
+        raise KvtuneError(f"{flag}: {problem}")
+    return url
+
+
+def local_wiring(args: argparse.Namespace) -> tuple[MetricSource, Actuator]:
+    """Where the local loop reads and acts. A kvtune engine: its /metrics and admin API. With --proxy (a
+    vLLM or SGLang target): both /metrics merged, the cap through the proxy's admin API, and max_num_seqs
+    through the engine's admin API only when it has one (--admin-token-file: a kvtune engine behind the
+    proxy); otherwise max_num_seqs is advice (without Kubernetes there is no Deployment to patch)."""
+    if not args.target:
+        raise KvtuneError("--local needs --target URL")
+    target = checked_url("--target", args.target)
+    if args.proxy is None:
+        if args.proxy_admin_token_file or args.proxy_admin_url:
+            raise KvtuneError("--proxy-admin-token-file and --proxy-admin-url need --proxy URL")
+        if not args.admin_token_file:
+            raise KvtuneError("--local needs --target URL and --admin-token-file F (or --proxy URL)")
+        token = read_token("--admin-token-file", args.admin_token_file)
+        return MetricsEndpoint(target), KvtuneAdminActuator(target, token)
+    proxy = checked_url("--proxy", args.proxy)
+    if not args.proxy_admin_token_file:
+        raise KvtuneError("--proxy needs --proxy-admin-token-file F (the proxy's admin bearer token)")
+    proxy_admin = checked_url("--proxy-admin-url", args.proxy_admin_url or proxy)
+    proxy_token = read_token("--proxy-admin-token-file", args.proxy_admin_token_file)
+    parts: list[Actuator] = [
+        KvtuneAdminActuator(proxy_admin, proxy_token, knobs=PROXY_KNOBS, name="proxy admin API")
+    ]
+    if args.admin_token_file:
+        engine_token = read_token("--admin-token-file", args.admin_token_file)
+        parts.append(KvtuneAdminActuator(target, engine_token, knobs=frozenset({KNOB_MAX_NUM_SEQS})))
+    source = EngineWithProxy(MetricsEndpoint(target), MetricsEndpoint(proxy))
+    return source, ComposedActuator(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.local:
         return run_in_cluster(args)
-    if not args.target or not args.admin_token_file:
-        raise KvtuneError("--local needs --target URL and --admin-token-file F")
-    problem = url_problem(args.target)
-    if problem is not None:
-        raise KvtuneError(f"--target: {problem}")
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")
-    try:
-        token = Path(args.admin_token_file).read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise KvtuneError(f"--admin-token-file {args.admin_token_file}: {err.strerror or err}") from None
-    if not token:
-        raise KvtuneError(f"--admin-token-file {args.admin_token_file} is empty")
+    source, actuator = local_wiring(args)
     policy = policy_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -106,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("kvtune.operator")
 
     def on_tick(tick: Tick) -> None:
+        if isinstance(source, EngineWithProxy) and source.proxy_problem:
+            log.warning("proxy metrics missing this tick (defeat and cap series): %s", source.proxy_problem)
         if tick.decision is not None and not tick.applied:
             d = tick.decision.diagnosis
             log.info(
@@ -114,9 +167,8 @@ def run(args: argparse.Namespace) -> int:
                 d.waiting_mean or 0, d.goodput or 0,
             )  # fmt: skip
 
-    source = MetricsEndpoint(args.target)
-    actuator = KvtuneAdminActuator(args.target, token)
-    log.info("tuning %s every %.1f s (mode %s)", args.target, args.interval, policy.mode.value)
+    via = f" through the proxy {args.proxy}" if args.proxy else ""
+    log.info("tuning %s%s every %.1f s (mode %s)", args.target, via, args.interval, policy.mode.value)
     try:
         run_loop(source, actuator, policy, args.interval, stop, on_tick, time.time)
     except KeyboardInterrupt:

@@ -40,9 +40,11 @@ KnobValue = Annotated[int | str | None, Field(json_schema_extra={"x-kubernetes-i
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 
 
-def cel(rule: str, message: str) -> dict[str, Any]:
-    """A CEL validation rule the API server enforces (cross-field checks a JSON schema cannot express)."""
-    return {"x-kubernetes-validations": [{"rule": rule, "message": message}]}
+def cel(rule: str, message: str, *more: tuple[str, str]) -> dict[str, Any]:
+    """CEL validation rules the API server enforces (cross-field checks a JSON schema cannot express): a
+    rule and its message, then more (rule, message) pairs."""
+    rules = [(rule, message), *more]
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
 
 
 class CamelModel(BaseModel):
@@ -66,6 +68,14 @@ class TargetRef(CamelModel):
         json_schema_extra=cel(
             "self.engine != 'kvtune' || (has(self.adminUrl) && has(self.adminTokenSecretRef))",
             "a kvtune engine needs adminUrl and adminTokenSecretRef",
+            (
+                "has(self.proxyAdminUrl) == has(self.proxyAdminTokenSecretRef)",
+                "set proxyAdminUrl and proxyAdminTokenSecretRef together",
+            ),
+            (
+                "!has(self.proxyAdminUrl) || self.engine != 'kvtune'",
+                "a kvtune engine caps max_tokens itself: proxyAdminUrl is for vllm and sglang targets",
+            ),
         )
     )
 
@@ -77,11 +87,26 @@ class TargetRef(CamelModel):
     admin_token_secret_ref: SecretKeyRef | None = Field(
         None, description="kvtune engines: admin bearer token"
     )
+    proxy_admin_url: str | None = Field(
+        None,
+        min_length=1,
+        description="vllm / sglang behind a kvtune proxy: base URL of the proxy's admin API (the max_tokens "
+        "cap is set there, live, no restart)",
+    )
+    proxy_admin_token_secret_ref: SecretKeyRef | None = Field(
+        None, description="the kvtune proxy's admin bearer token"
+    )
 
     @model_validator(mode="after")
     def _kvtune_needs_admin(self) -> TargetRef:
         if self.engine == "kvtune" and (self.admin_url is None or self.admin_token_secret_ref is None):
             raise ValueError("a kvtune engine needs adminUrl and adminTokenSecretRef")
+        if (self.proxy_admin_url is None) != (self.proxy_admin_token_secret_ref is None):
+            raise ValueError("set proxyAdminUrl and proxyAdminTokenSecretRef together")
+        if self.proxy_admin_url is not None and self.engine == "kvtune":
+            raise ValueError(
+                "a kvtune engine caps max_tokens itself: proxyAdminUrl is for vllm and sglang targets"
+            )
         return self
 
 
@@ -91,21 +116,30 @@ class PrometheusRef(CamelModel):
 
 
 class MetricsSourceSpec(CamelModel):
-    """Exactly one of: the engine's own /metrics, or a Prometheus HTTP API with a selector."""
+    """Exactly one of: the engine's own /metrics, or a Prometheus HTTP API with a selector. Beside an
+    engine's /metrics, a kvtune proxy's /metrics (its prefix-defeat and cap series) may be read and merged;
+    a Prometheus selector covers the proxy's series itself when it matches the proxy's pods."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            "has(self.metricsUrl) != has(self.prometheus)", "set exactly one of metricsUrl and prometheus"
+            "has(self.metricsUrl) != has(self.prometheus)",
+            "set exactly one of metricsUrl and prometheus",
+            ("!has(self.proxyMetricsUrl) || has(self.metricsUrl)", "proxyMetricsUrl goes with metricsUrl"),
         )
     )
 
     metrics_url: str | None = Field(None, min_length=1)
+    proxy_metrics_url: str | None = Field(
+        None, min_length=1, description="a kvtune proxy's /metrics, merged with metricsUrl"
+    )
     prometheus: PrometheusRef | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> MetricsSourceSpec:
         if (self.metrics_url is None) == (self.prometheus is None):
             raise ValueError("set exactly one of metricsUrl and prometheus")
+        if self.proxy_metrics_url is not None and self.metrics_url is None:
+            raise ValueError("proxyMetricsUrl goes with metricsUrl")
         return self
 
 

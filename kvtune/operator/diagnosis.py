@@ -67,10 +67,14 @@ class Diagnosis:
     mean_footprint_concurrency: int | None = None  # pool / mean footprint: every resident at its mean size
     pooled_p95_concurrency: int | None = None  # residents whose total footprint's p95 fits the pool
     boot_line_concurrency: float | None = None
-    # (reason, count) from `kvtune:prefix_defeats_total`, which nothing emits yet: the series comes with the
-    # prefix-defeat detector (issue 13); until then this stays empty and the ladder's prefix rung fires only
-    # on a declared shared-prefix length
+    prompt_tokens: float | None = None  # prompt tokens processed in the window
+    # The prefix-defeat detector's findings in the window (kvtune serve, or a kvtune proxy in front of vLLM /
+    # SGLang), reasons that moved only: (reason, defeated prompts) and (reason, tokens that would have hit)
     prefix_defeats: tuple[tuple[str, float], ...] = ()
+    prefix_defeat_tokens: tuple[tuple[str, float], ...] = ()
+    # (mode, requests) the max_tokens cap changed or refused in the window: clamp, reject, default ('' for
+    # an older kvtune's unlabelled counter)
+    capped_requests: tuple[tuple[str, float], ...] = ()
     findings: tuple[Finding, ...] = ()
 
     @property
@@ -126,6 +130,11 @@ def prefix_hit_rate(window: Window) -> tuple[float | None, str | None]:
     if gauge is not None:
         return gauge, "cache_hit_rate gauge"
     return None, None
+
+
+def moved(window: Window, name: str) -> tuple[tuple[str, float], ...]:
+    """(label value, increase) of a split counter over the window, for the label values that moved."""
+    return tuple(sorted((label, v) for label, v in window.increases_with_prefix(name).items() if v > 0))
 
 
 def _pct(value: float | None) -> str:
@@ -214,9 +223,10 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
         mean_footprint_concurrency=mean_sized,
         pooled_p95_concurrency=pooled,
         boot_line_concurrency=boot_line,
-        prefix_defeats=tuple(
-            sorted((k, v) for k, v in window.increases_with_prefix(m.PREFIX_DEFEATS).items() if v > 0)
-        ),
+        prompt_tokens=prompt,
+        prefix_defeats=moved(window, m.PREFIX_DEFEATS),
+        prefix_defeat_tokens=moved(window, m.PREFIX_DEFEAT_TOKENS),
+        capped_requests=moved(window, m.CAPPED_REQUESTS),
     )
     return _with_findings(diagnosis, window, engine)
 

@@ -1,5 +1,7 @@
 """`kvtune doctor --metrics-url URL | --prometheus URL --selector S [--json]`: one-shot diagnosis and the
-remedies in ladder order, with concrete numbers a person can act on."""
+remedies in ladder order, with concrete numbers a person can act on. Reading a server directly, it also
+reads the server's prefix report (kvtune serve, kvtune proxy) to say where each prefix-cache defeat lies;
+reading Prometheus, the defeat series alone name the reasons."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from kvtune.operator.diagnosis import Diagnosis, diagnose, no_data
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.ladder import Advice, plan
 from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource, url_problem
 from kvtune.operator.window import Window
@@ -60,7 +63,27 @@ def collect(source: MetricSource, samples: int, window_seconds: float) -> tuple[
     return taken, failure
 
 
-def report(d: Diagnosis, engine: EngineView, remedies: list[Advice], source: str) -> dict[str, Any]:
+def prefix_report_section(d: Diagnosis, metrics_url: str) -> dict[str, Any] | None:
+    """The front's prefix report (kvtune serve, kvtune proxy), read after the samples; None where there is
+    none (vLLM, SGLang). Each reason is marked `in_window` when its counter moved in the sampled window: the
+    report counts since the server started, the window is what the diagnosis is about."""
+    url = report_url(metrics_url)
+    found = fetch_report(url)
+    if found is None:
+        return None
+    moved = {reason for reason, _ in d.prefix_defeats}
+    entries = [{**entry, "in_window": entry["reason"] in moved} for entry in defeat_entries(found)]
+    return {"url": url, "block_size": found.get("block_size"), "observed": found.get("observed"),
+            "defeats": entries}  # fmt: skip
+
+
+def report(
+    d: Diagnosis,
+    engine: EngineView,
+    remedies: list[Advice],
+    source: str,
+    prefix_report: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     gen = d.generation_len
     return {
         "source": source,
@@ -92,6 +115,7 @@ def report(d: Diagnosis, engine: EngineView, remedies: list[Advice], source: str
             ],
         },
         "remedies": [advice.as_json() for advice in remedies],
+        "prefix_report": prefix_report,
     }
 
 
@@ -114,6 +138,11 @@ def format_text(data: dict[str, Any]) -> str:
         boot = findings["boot_line_concurrency"]
         boot_text = "n/a" if boot is None else f"{boot:.2f}x"
         lines.append(f"Real concurrency ceiling: {ceiling} (boot line: {boot_text})")
+    prefix = data.get("prefix_report")
+    defeats = [entry for entry in (prefix or {}).get("defeats", []) if entry["in_window"]]
+    if prefix and defeats:
+        lines.append(f"Prefix-cache defeats in the window ({prefix['url']}; counts since the server started)")
+        lines.extend(f"  {entry_line(entry)}" for entry in defeats)
     lines.append("Remedies, in ladder order")
     for i, remedy in enumerate(data["remedies"], 1):
         label = KNOB_LABELS[remedy["remedy"]]
@@ -156,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         d = diagnose(Window.of(samples), engine)
     else:
         d = no_data(failure.reason if failure else "no sample")
-    data = report(d, engine, plan(d, engine, policy), where)
+    prefix = prefix_report_section(d, args.metrics_url) if args.metrics_url and samples else None
+    data = report(d, engine, plan(d, engine, policy), where, prefix)
     print(json.dumps(data, indent=2) if args.json else format_text(data))
     return 1 if d.status == "no_data" else 0

@@ -19,6 +19,7 @@ from kvtune.operator.engine_view import (
     EngineView,
 )
 from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.prefix_fixes import fix_text
 
 FEEDBACK_STEP = 0.2  # each feedback step lowers max_num_seqs by this fraction (at least one)
 CAP_TOLERANCE = 1.1  # an existing cap within 10% of the recommendation is left alone
@@ -90,6 +91,9 @@ def cap_max_tokens(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Ad
         f"generation length p50 {gen.p50:,.0f} / p99 {gen.p99:,.0f} tokens ({gen.count:.0f} requests, "
         f"{gen.since}); cap = p99 x {policy.cap_margin:g}, floor {policy.cap_floor:,}"
     )
+    if d.capped_requests:
+        modes = ", ".join(f"{mode or 'unlabelled'} {count:,.0f}" for mode, count in d.capped_requests)
+        basis += f"; requests the cap changed in the window: {modes}"
     if not d.preempting:
         return advice(False, f"no preemption to fix; {basis}")
     if engine.max_model_len is not None and cap >= engine.max_model_len:
@@ -201,16 +205,40 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     )  # fmt: skip
 
 
+def defeat_lines(d: Diagnosis, engine: EngineView) -> list[str]:
+    """One line per defeat reason seen in the window, most tokens lost first: prompts defeated and their
+    share of all defeats, tokens lost (and their share of the prompt tokens), and the fix."""
+    counts, tokens = dict(d.prefix_defeats), dict(d.prefix_defeat_tokens)
+    total = sum(counts.values())
+    order = sorted(set(counts) | set(tokens), key=lambda r: (-tokens.get(r, 0.0), -counts.get(r, 0.0), r))
+    lines = []
+    for reason in order:
+        count, lost = counts.get(reason, 0.0), tokens.get(reason)
+        share = f" ({count / total:.0%} of defeats)" if total else ""
+        lost_text = "tokens lost unknown"
+        if lost is not None:
+            of_prompts = f" ({lost / d.prompt_tokens:.0%} of prompt tokens)" if d.prompt_tokens else ""
+            lost_text = f"{lost:,.0f} tokens lost{of_prompts}"
+        shared = lost / count if lost and count else None
+        fix = fix_text(reason, shared=shared, block=engine.block_size)
+        lines.append(f"{reason}: {count:,.0f} prompts{share}, {lost_text}: {fix}")
+    return lines
+
+
 def flag_prefix_defeat(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Advice:
-    """Rung 3. A defeat report (`kvtune:prefix_defeats_total`) flags at once, but nothing emits that series
-    yet: it comes with the prefix-defeat detector (issue 13). Until then the rung fires only when the policy
-    declares a shared-prefix length and the prefix-cache hit rate stays below the policy's floor."""
+    """Rung 3, a flag, never an action: only the client can change its prompts. The prefix-defeat detector
+    (in kvtune serve, or a kvtune proxy in front of vLLM / SGLang) says why prompts missed the cache:
+    `kvtune:prefix_defeats_total{reason}` and `kvtune:prefix_defeat_tokens_total{reason}` moving in the window
+    flag at once, naming each reason, its share, the tokens lost and the fix. Without those series (a bare
+    vLLM or SGLang) the rung fires only when the policy declares a shared-prefix length and the prefix-cache
+    hit rate stays below the policy's floor."""
     rate = d.prefix_hit_rate
     rate_text = "n/a" if rate is None else f"{rate:.0%} ({d.prefix_hit_rate_source})"
-    if d.prefix_defeats:
-        reasons = ", ".join(f"{reason} x{count:.0f}" for reason, count in d.prefix_defeats)
-        return Advice(Remedy.FLAG_PREFIX_DEFEAT, True, rate_text, "fix the prompt layout",
-                      f"defeat report: {reasons}; hit rate {rate_text}")  # fmt: skip
+    if d.prefix_defeats or d.prefix_defeat_tokens:
+        lines = defeat_lines(d, engine)
+        reasons = ", ".join(line.split(":", 1)[0] for line in lines)
+        return Advice(Remedy.FLAG_PREFIX_DEFEAT, True, rate_text, f"fix the prompt layout ({reasons})",
+                      f"defeat report: {'; '.join(lines)}; hit rate {rate_text}")  # fmt: skip
     if not policy.shared_prefix_tokens:
         return Advice(Remedy.FLAG_PREFIX_DEFEAT, False, rate_text, None, "no shared prefix declared")
     if rate is None or rate >= policy.min_prefix_hit_rate:

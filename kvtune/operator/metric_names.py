@@ -53,6 +53,7 @@ GENERATION_TOKENS = "generation_tokens"
 REQUEST_SUCCESS = "request_success"
 CAPPED_REQUESTS = "capped_requests"
 PREFIX_DEFEATS = "prefix_defeats"
+PREFIX_DEFEAT_TOKENS = "prefix_defeat_tokens"
 REQUEST_PROMPT_TOKENS = "request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "request_generation_tokens"
 REQUEST_MAX_TOKENS = "request_max_tokens"
@@ -103,8 +104,11 @@ NAME_MAP: dict[str, Canonical] = {
     "kvtune:kv_effective_utilization": Canonical(KV_EFFECTIVE, _G, Merge.MAX),
     "kvtune:max_num_seqs": Canonical(MAX_NUM_SEQS, _G, Merge.MAX),
     "kvtune:max_tokens_cap": Canonical(MAX_TOKENS_CAP, _G, Merge.MAX),
-    "kvtune:capped_requests_total": Canonical(CAPPED_REQUESTS, _C),
+    # by mode (clamp, reject, default); an older kvtune's unlabelled series lands on mode ''
+    "kvtune:capped_requests_total": Canonical(CAPPED_REQUESTS, _C, split_label="mode"),
+    # the prefix-defeat detector (engine and proxy): defeated prompts, and the tokens that would have hit
     "kvtune:prefix_defeats_total": Canonical(PREFIX_DEFEATS, _C, split_label="reason"),
+    "kvtune:prefix_defeat_tokens_total": Canonical(PREFIX_DEFEAT_TOKENS, _C, split_label="reason"),
     # prometheus-client's process collector (vLLM, kvtune): moves when the engine process restarts
     "process_start_time_seconds": Canonical(PROCESS_START, _G, Merge.MAX),
 }

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kvtune.operator.actuators import Actuator, ActuatorResult, KvtuneAdminActuator
+from kvtune.operator.actuators import (
+    ENGINE_KNOBS,
+    PROXY_KNOBS,
+    Actuator,
+    ActuatorResult,
+    ComposedActuator,
+    KvtuneAdminActuator,
+)
 from kvtune.operator.crd import (
     CONDITION_TYPES,
     GROUP,
@@ -25,6 +32,7 @@ from kvtune.operator.crd import (
     KnobValues,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
+    SecretKeyRef,
     state_from_status,
     state_to_status,
 )
@@ -38,7 +46,7 @@ from kvtune.operator.local import Tick, step, window_length
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.secret_cache import SecretCache
-from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource
+from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, PrometheusSource
 from kvtune.operator.tuner import Figures, HistoryEntry, TunerState
 
 logger = logging.getLogger("kvtune.operator")
@@ -58,7 +66,8 @@ FIELDS = {
 
 class UnavailableActuator:
     """Stands in when the real actuator cannot be built (a missing Secret): diagnosis and recommendations
-    continue, nothing is applied."""
+    continue, nothing is applied. It holds no knob, so inside a ComposedActuator the knobs it stands for
+    become recommendations and the ladder moves on to the knobs the other parts can change."""
 
     knobs: frozenset[str] = frozenset()
 
@@ -84,6 +93,7 @@ class PolicyMemory:
     recommended: KnobValues | None = None
     no_data: bool = False
     actuator_error: str | None = None
+    proxy_problem: str | None = None  # why the proxy's /metrics could not be read at the last evaluation
     secrets: SecretCache = field(default_factory=SecretCache)
 
     @staticmethod
@@ -105,20 +115,48 @@ def source_for(spec: KVTuningPolicySpec) -> MetricSource:
     if metrics.prometheus is not None:
         return PrometheusSource(metrics.prometheus.url, metrics.prometheus.selector)
     assert metrics.metrics_url is not None  # the model guarantees exactly one
+    if metrics.proxy_metrics_url is not None:
+        return EngineWithProxy(
+            MetricsEndpoint(metrics.metrics_url), MetricsEndpoint(metrics.proxy_metrics_url)
+        )
     return MetricsEndpoint(metrics.metrics_url)
 
 
+def admin_actuator(
+    api: KubeApi, namespace: str, secrets: SecretCache, url: str, ref: SecretKeyRef, knobs: frozenset[str],
+    name: str,
+) -> Actuator:  # fmt: skip
+    """The admin API at `url`, with its bearer token from the Secret (unavailable while it cannot be read)."""
+    try:
+        token = secrets.value(api, namespace, ref.name, ref.key)
+    except KubeError as err:
+        return UnavailableActuator(f"{name} token secret {namespace}/{ref.name}: {err}")
+    return KvtuneAdminActuator(url, token, knobs=knobs, name=name)
+
+
 def actuator_for(api: KubeApi, spec: KVTuningPolicySpec, namespace: str, secrets: SecretCache) -> Actuator:
+    """A kvtune engine: its admin API. vLLM / SGLang: the Deployment's args for max_num_seqs, and with a
+    kvtune proxy in front, the proxy's admin API for the max_tokens cap (live, so the cap never restarts
+    the engine)."""
     target = spec.target
     if target.engine == "kvtune":
         assert target.admin_url is not None and target.admin_token_secret_ref is not None
-        ref = target.admin_token_secret_ref
-        try:
-            token = secrets.value(api, namespace, ref.name, ref.key)
-        except KubeError as err:
-            return UnavailableActuator(f"admin token secret {namespace}/{ref.name}: {err}")
-        return KvtuneAdminActuator(target.admin_url, token)
-    return DeploymentArgsActuator(api, namespace, target.name, target.container, target.engine)
+        return admin_actuator(api, namespace, secrets, target.admin_url, target.admin_token_secret_ref,
+                              ENGINE_KNOBS, "admin API")  # fmt: skip
+    deployment = DeploymentArgsActuator(api, namespace, target.name, target.container, target.engine)
+    if target.proxy_admin_url is None:
+        return deployment
+    assert target.proxy_admin_token_secret_ref is not None  # the model sets both or neither
+    proxy = admin_actuator(api, namespace, secrets, target.proxy_admin_url, target.proxy_admin_token_secret_ref,
+                           PROXY_KNOBS, "proxy admin API")  # fmt: skip
+    return ComposedActuator([proxy, deployment])
+
+
+def unavailable(actuator: Actuator) -> str | None:
+    """Why (part of) the actuator could not be built, or None."""
+    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
+    errors = [part.error for part in parts if isinstance(part, UnavailableActuator)]
+    return "; ".join(errors) or None
 
 
 def _figures(figures: Figures | None) -> str:
@@ -186,7 +224,8 @@ def conditions_for(
     defeated, defeat_evidence = prefix_defeated
     prefix = _condition(
         memory, "PrefixCacheDefeated", "True" if defeated else "False",
-        "LowPrefixHitRate" if defeated else "NotDetected", defeat_evidence, now,
+        ("PrefixDefeatsReported" if d.prefix_defeats else "LowPrefixHitRate") if defeated else "NotDetected",
+        defeat_evidence, now,
     )  # fmt: skip
     recommended, fp8_evidence = fp8
     fp8_condition = _condition(
@@ -240,12 +279,18 @@ def evaluate(
         memory.samples = deque(memory.samples, maxlen=keep)
     actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets)
     events: list[EventSpec] = []
-    actuator_error = actuator.error if isinstance(actuator, UnavailableActuator) else None
+    actuator_error = unavailable(actuator)
     if actuator_error and actuator_error != memory.actuator_error:
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
     previous = memory.state
-    tick = step(source_for(spec), actuator, policy, previous, memory.samples, now)
+    source = source_for(spec)
+    tick = step(source, actuator, policy, previous, memory.samples, now)
+    proxy_problem = source.proxy_problem if isinstance(source, EngineWithProxy) else None
+    if proxy_problem and not memory.proxy_problem:
+        events.append(EventSpec("Warning", "ProxyMetricsMissing",
+                                f"the proxy's /metrics (defeat and cap series) cannot be read: {proxy_problem}"))  # fmt: skip
+    memory.proxy_problem = proxy_problem
     seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
     events += [history_event(h) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen]
     for change, result in tick.applied:

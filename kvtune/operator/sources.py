@@ -1,4 +1,5 @@
-"""Where samples come from: an engine's own `/metrics`, or a Prometheus HTTP API with a label selector.
+"""Where samples come from: an engine's own `/metrics` (merged with the `/metrics` of a kvtune proxy in
+front of it, when there is one), or a Prometheus HTTP API with a label selector.
 
 Every failure (unreachable, HTTP error, unparsable body, no known series) becomes `NoData`; nothing raises
 out of `read()`, because a missing source must never turn into an action.
@@ -24,15 +25,21 @@ class MetricSource(Protocol):
     def read(self) -> SampleResult: ...
 
 
+def exposition_series(text: str) -> list[Series]:
+    """The samples of a Prometheus text exposition (0.0.4 or OpenMetrics); ValueError when it does not
+    parse."""
+    return [
+        (sample.name, sample.labels, float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    ]
+
+
 def parse_exposition(text: str, timestamp: float, source: str) -> SampleResult:
     """A Prometheus text exposition (0.0.4 or OpenMetrics) -> Sample, or NoData when it does not parse."""
     try:
-        series: list[Series] = [
-            (sample.name, sample.labels, float(sample.value))
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if not sample.name.endswith("_created")
-        ]
+        series = exposition_series(text)
     except ValueError as err:
         return NoData(source, f"unparsable metrics: {err}", timestamp)
     return sample_from_series(series, timestamp, source)
@@ -61,7 +68,8 @@ class MetricsEndpoint:
         self.timeout = timeout
         self.clock = clock
 
-    def read(self) -> SampleResult:
+    def series(self) -> list[Series] | NoData:
+        """The raw samples of one scrape, or NoData."""
         now = self.clock()
         try:
             response = httpx.get(self.url, timeout=self.timeout)
@@ -69,7 +77,42 @@ class MetricsEndpoint:
             return NoData(self.url, f"unreachable: {type(err).__name__}: {err}", now)
         if response.status_code != 200:
             return NoData(self.url, f"HTTP {response.status_code}", now)
-        return parse_exposition(response.text, now, self.url)
+        try:
+            return exposition_series(response.text)
+        except ValueError as err:
+            return NoData(self.url, f"unparsable metrics: {err}", now)
+
+    def read(self) -> SampleResult:
+        found = self.series()
+        if isinstance(found, NoData):
+            return found
+        return sample_from_series(found, self.clock(), self.url)
+
+
+class EngineWithProxy:
+    """An engine's /metrics and the /metrics of the kvtune proxy in front of it, read as one sample: the
+    engine's own series (KV, preemptions, prefix hits, histograms) beside the proxy's (prefix defeats, the
+    max_tokens cap, capped requests), which the engine lacks, so no figure is counted twice.
+
+    The proxy's process series are left out: the engine's start time is what says the engine restarted.
+    A proxy that cannot be read leaves the engine's sample alone (its knobs still need watching); an engine
+    that cannot be read is NoData, as always."""
+
+    def __init__(self, engine: MetricsEndpoint, proxy: MetricsEndpoint) -> None:
+        self.engine = engine
+        self.proxy = proxy
+        self.proxy_problem: str | None = None  # why the proxy's last scrape failed, None when it answered
+
+    def read(self) -> SampleResult:
+        engine = self.engine.series()
+        if isinstance(engine, NoData):
+            return engine
+        proxy = self.proxy.series()
+        self.proxy_problem = f"{proxy.source}: {proxy.reason}" if isinstance(proxy, NoData) else None
+        extra = [] if isinstance(proxy, NoData) else [s for s in proxy if s[0] not in PROCESS_SERIES]
+        return sample_from_series(
+            [*engine, *extra], self.engine.clock(), f"{self.engine.url} + {self.proxy.url}"
+        )
 
 
 def selector_matchers(selector: str) -> str:

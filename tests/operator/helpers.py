@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.operator import metric_names as m
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, EngineView
@@ -116,3 +120,69 @@ def reply(handler: BaseHTTPRequestHandler, status: int, content_type: str, body:
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+Answer = tuple[int, str, str]  # status, content type, body
+
+
+def serve_routes(routes: dict[str, list[Answer]]) -> Iterator[str]:
+    """A stub server answering each path with its answers in order (the last one from then on), 404 for
+    any other path; yields its base URL. For a server that has several endpoints (a kvtune engine's
+    /metrics beside its /kvtune/prefix-report, a Prometheus API)."""
+    remaining = {path: list(answers) for path, answers in routes.items()}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            answers = remaining.get(self.path.split("?", 1)[0])
+            if not answers:
+                reply(self, 404, "application/json", b'{"detail": "Not Found"}')
+                return
+            status, content_type, body = answers.pop(0) if len(answers) > 1 else answers[0]
+            reply(self, status, content_type, body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def metrics_answer(text: str) -> Answer:
+    return (200, "text/plain; version=0.0.4", text)
+
+
+def defeat_families(text: str) -> str:
+    """Only the prefix-defeat families of an exposition (HELP, TYPE and samples), to add to another."""
+    return "".join(line + "\n" for line in text.splitlines() if "prefix_defeat" in line)
+
+
+def kvtune_with_detector(moment: str) -> str:
+    """A kvtune serve scrape with its detector's series: the recorded engine scrape at `moment` (t0, t1)
+    plus the recorded detector families of the same moment."""
+    return fixture_text(f"kvtune_preempting_{moment}.prom") + defeat_families(
+        fixture_text(f"proxy_defeats_{moment}.prom")
+    )
+
+
+def vllm_asking_long(moment: str) -> str:
+    """The recorded scrape at `moment` as vLLM exposes it (no kvtune: series), from clients that ask for up
+    to 1,000 tokens while generating ~200: a server-side cap binds."""
+    lines = [
+        line
+        for line in fixture_text(f"kvtune_preempting_{moment}.prom").splitlines()
+        if "kvtune:" not in line
+    ]
+    asked = re.compile(r'^(vllm:request_params_max_tokens_bucket\{.*le="(?:100|200|500)\.0".*\}) \S+$')
+    return "".join(asked.sub(r"\1 0.0", line) + "\n" for line in lines)
+
+
+def prometheus_vector(text: str, stamp: float) -> str:
+    """A /metrics body as a Prometheus instant-query answer (what a scrape of it would store)."""
+    sample = [
+        {"metric": {"__name__": s.name, **s.labels}, "value": [stamp, repr(float(s.value))]}
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": sample}})

@@ -126,12 +126,28 @@ def test_missing_required_fields_are_rejected() -> None:
         KVTuningPolicy.model_validate(bad)
 
 
+KVTUNE_BEHIND_A_PROXY = {
+    "name": "m",
+    "engine": "kvtune",
+    "adminUrl": "http://m:8000",
+    "adminTokenSecretRef": {"name": "m-admin"},
+    "proxyAdminUrl": "http://proxy:8001",
+    "proxyAdminTokenSecretRef": {"name": "proxy-admin"},
+}
+
+
 def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
     spec = sample()["spec"]
     for change in (
         {"target": {**spec["target"], "engine": "kvtune"}},  # kvtune without admin URL and token
         {"metrics": {"metricsUrl": "http://x:8000", "prometheus": spec["metrics"]["prometheus"]}},
         {"bounds": {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}},
+        {"target": {**spec["target"], "proxyAdminUrl": "http://proxy:8001"}},  # proxy URL without its token
+        {
+            "target": {**spec["target"], "proxyAdminTokenSecretRef": {"name": "proxy-admin"}}
+        },  # and the reverse
+        {"target": KVTUNE_BEHIND_A_PROXY},  # a kvtune engine caps max_tokens itself: no proxy in front
+        {"metrics": {**spec["metrics"], "proxyMetricsUrl": "http://proxy:8001"}},  # only beside metricsUrl
     ):
         with pytest.raises(pydantic.ValidationError):
             KVTuningPolicySpec.model_validate({**spec, **change})
@@ -140,7 +156,24 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
         for _, node in walk(openapi_schema())
         for rule in node.get("x-kubernetes-validations", [])
     ]
-    assert len(rules) == 3
+    assert len(rules) == 6
+    assert "has(self.proxyAdminUrl) == has(self.proxyAdminTokenSecretRef)" in rules
+
+
+def test_a_vllm_target_behind_a_proxy_validates() -> None:
+    spec = sample()["spec"]
+    behind = {
+        **spec,
+        "target": {**spec["target"], "proxyAdminUrl": "http://llama-proxy:8001",
+                   "proxyAdminTokenSecretRef": {"name": "llama-proxy-admin"}},
+        "metrics": {"metricsUrl": "http://llama:8000", "proxyMetricsUrl": "http://llama-proxy:8001"},
+    }  # fmt: skip
+    jsonschema.validate({"spec": behind}, openapi_schema())
+    parsed = KVTuningPolicySpec.model_validate(behind)
+    assert parsed.target.proxy_admin_url == "http://llama-proxy:8001"
+    assert parsed.target.proxy_admin_token_secret_ref is not None
+    assert parsed.target.proxy_admin_token_secret_ref.key == "token"
+    assert parsed.metrics.proxy_metrics_url == "http://llama-proxy:8001"
 
 
 def test_defaults_fill_a_minimal_spec() -> None:

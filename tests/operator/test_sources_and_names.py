@@ -9,12 +9,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.operator import metric_names as m
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricsEndpoint, PrometheusSource, parse_exposition
-from tests.operator.helpers import fixture_text, recorded
+from tests.operator.helpers import fixture_text, prometheus_vector, recorded
 
 SGLANG = """\
 # TYPE sglang:token_usage gauge
@@ -116,16 +115,6 @@ def http_stub() -> Iterator[tuple[str, type[_Handler]]]:
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}", handler
     server.shutdown()
-
-
-def prometheus_vector(text: str, stamp: float) -> str:
-    """A /metrics body as a Prometheus instant-query answer (what a scrape of it would store)."""
-    sample = [
-        {"metric": {"__name__": s.name, **s.labels}, "value": [stamp, repr(float(s.value))]}
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    ]
-    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": sample}})
 
 
 def test_prometheus_instant_query_with_selector(http_stub: tuple[str, type[_Handler]]) -> None:
