@@ -403,7 +403,7 @@ class PrefixDefeatDetector:
             hashes[pos] = h
         best: tuple[int, int, int] | None = None  # (start, last anchor, shift)
         for shift, positions in by_shift.items():
-            for start, last in _chains(positions, max_gap=4 * lim.kgram):
+            for start, last in _chains(positions, max_gap=lim.kgram + 16 * lim.anchor_sample):
                 if best is None or last - start > best[1] - best[0]:
                     best = (start, last, shift)
         if best is None:
