@@ -42,6 +42,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     ),
     "tuner": ("kvtune.bench.tuner", "max_num_seqs tuner against a static sweep on a live engine"),
     "proxy": ("kvtune.bench.proxy", "kvtune proxy in front of an engine against the engine direct"),
+    "prefix-defeats": ("kvtune.bench.prefix_defeats", "prefix-defeat detector: precision, recall, cost"),
 }
 
 
