@@ -7,10 +7,24 @@ defeats the cache, and why a shared prefix shorter than one block shares nothing
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 # The hash of the (absent) parent of block 0. Any fixed value works; it only has to be the same everywhere.
 ROOT_HASH = 0x6B767475
+
+
+def salted_root(salt: str | None) -> int:
+    """The root a prompt's chain starts from: ROOT_HASH, or one derived from a request's `cache_salt`.
+
+    Every block hash chains from the root, so prompts under different salts share no block even when their
+    tokens agree (vLLM's `cache_salt`: tenants that must not learn from each other's cache hits). blake2b,
+    not `hash(str)`, keeps the root the same in every process.
+    """
+    if salt is None:
+        return ROOT_HASH
+    digest = hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return hash((ROOT_HASH, int.from_bytes(digest, "big")))
 
 
 def hash_block_tokens(parent_hash: int, tokens: Sequence[int]) -> int:
