@@ -7,7 +7,6 @@ defeats the cache, and why a shared prefix shorter than one block shares nothing
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 # The hash of the (absent) parent of block 0. Any fixed value works; it only has to be the same everywhere.
@@ -18,13 +17,12 @@ def salted_root(salt: str | None) -> int:
     """The root a prompt's chain starts from: ROOT_HASH, or one derived from a request's `cache_salt`.
 
     Every block hash chains from the root, so prompts under different salts share no block even when their
-    tokens agree (vLLM's `cache_salt`: tenants that must not learn from each other's cache hits). blake2b,
-    not `hash(str)`, keeps the root the same in every process.
+    tokens agree (vLLM's `cache_salt`: tenants that must not learn from each other's cache hits). The salt's
+    UTF-8 bytes are hashed as a block of ints, so the root is the same in every process (no str hash).
     """
     if salt is None:
         return ROOT_HASH
-    digest = hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return hash((ROOT_HASH, int.from_bytes(digest, "big")))
+    return hash_block_tokens(ROOT_HASH, tuple(salt.encode("utf-8", "surrogatepass")))
 
 
 def hash_block_tokens(parent_hash: int, tokens: Sequence[int]) -> int:
