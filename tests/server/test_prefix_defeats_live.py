@@ -103,6 +103,8 @@ def test_the_report_and_the_counters_start_empty_with_every_reason(roomy_server:
     with httpx.Client(base_url=roomy_server.url, timeout=30) as http:
         samples = scrape(http)
         report = http.get(REPORT).json()
+        documented = http.get("/openapi.json").json()["paths"]
+    assert "get" in documented[REPORT]  # so the API fuzz drives it too
     for name in ("kvtune:prefix_defeats_total", "kvtune:prefix_defeat_tokens_total"):
         series = {labels["reason"]: value for labels, value in samples[name]}
         assert series == dict.fromkeys(REASONS, 0.0), name
