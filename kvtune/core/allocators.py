@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from kvtune.core.block_pool import BlockPool
 from kvtune.core.geometry import check_block_size
-from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens, prompt_block_hashes
+from kvtune.core.prefix_hash import hash_block_tokens, prompt_block_hashes, salted_root
 from kvtune.core.request import Request
 
 POLICIES = ("paged", "contiguous", "oracle")
@@ -189,11 +189,12 @@ class PagedAllocator(KVAllocator):
         return self.pool.num_shared_refs * self.block_size
 
     def _ensure_prompt_hashes(self, req: Request) -> None:
-        """Extend `req.block_hashes` over every full prompt block (kept across preemptions)."""
+        """Extend `req.block_hashes` over every full prompt block (kept across preemptions), chained from
+        the request's salted root."""
         hashes = req.block_hashes
         if len(hashes) >= req.num_prompt_tokens // self.block_size:
             return
-        parent = hashes[-1] if hashes else ROOT_HASH
+        parent = hashes[-1] if hashes else salted_root(req.cache_salt)
         hashes += prompt_block_hashes(req.prompt_token_ids, self.block_size, start=len(hashes), parent=parent)
 
     def computed_prefix_tokens(self, req: Request) -> int:
@@ -271,7 +272,7 @@ class PagedAllocator(KVAllocator):
         blocks = self.blocks[rid]
         for b in range(done, n_full):
             if b >= len(hashes):
-                parent = hashes[-1] if hashes else ROOT_HASH
+                parent = hashes[-1] if hashes else salted_root(req.cache_salt)
                 hashes.append(
                     hash_block_tokens(parent, [req.token_at(i) for i in range(b * bs, (b + 1) * bs)])
                 )

@@ -13,6 +13,18 @@ from collections.abc import Sequence
 ROOT_HASH = 0x6B767475
 
 
+def salted_root(salt: str | None) -> int:
+    """The root a prompt's chain starts from: ROOT_HASH, or one derived from a request's `cache_salt`.
+
+    Every block hash chains from the root, so prompts under different salts share no block even when their
+    tokens agree (vLLM's `cache_salt`: tenants that must not learn from each other's cache hits). The salt's
+    UTF-8 bytes are hashed as a block of ints, so the root is the same in every process (no str hash).
+    """
+    if salt is None:
+        return ROOT_HASH
+    return hash_block_tokens(ROOT_HASH, tuple(salt.encode("utf-8", "surrogatepass")))
+
+
 def hash_block_tokens(parent_hash: int, tokens: Sequence[int]) -> int:
     """Hash one full block. Python's tuple-of-int hash is deterministic across processes (no salt)."""
     return hash((parent_hash, tuple(tokens)))

@@ -23,13 +23,16 @@ class Request:
     """One generation request.
 
     `max_tokens` is what the client declared; `expected_output_len` is the true output length when it is
-    known in advance (the simulator's workload, or the oracle allocator's magic), else None.
+    known in advance (the simulator's workload, or the oracle allocator's magic), else None. `cache_salt`
+    (vLLM's request field) starts the prompt's block-hash chain from a root of its own, so the request
+    shares prefix-cache blocks only with requests of the same salt.
     """
 
     __slots__ = (
         "admitted_step",
         "arrival",
         "block_hashes",
+        "cache_salt",
         "expected_output_len",
         "finish_reason",
         "max_tokens",
@@ -49,6 +52,7 @@ class Request:
         max_tokens: int,
         expected_output_len: int | None = None,
         arrival: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: the prompt is empty")
@@ -67,6 +71,7 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.admitted_step = -1
         self.block_hashes: list[int] = []
+        self.cache_salt = cache_salt
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""`GET`/`PATCH /admin/config`: the operator's live levers (max_num_seqs, the max_tokens cap).
+"""`GET`/`PATCH /admin/config`: the operator's live levers (max_num_seqs, the max_tokens cap and its mode).
 
 Guarded by a bearer token read from a file, so the secret never appears on a command line. Without a token
 the routes do not exist at all (404), so an engine started without one cannot be retuned by anyone.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -36,16 +37,19 @@ class AdminBounds(BaseModel):
 class AdminConfig(BaseModel):
     max_num_seqs: int
     max_tokens_cap: int | None
+    cap_mode: str
     bounds: AdminBounds
 
 
 class AdminConfigPatch(BaseModel):
-    """Fields absent from the body stay as they are; `"max_tokens_cap": null` removes the cap."""
+    """Fields absent from the body stay as they are; `"max_tokens_cap": null` removes the cap; `cap_mode`
+    says what a request over the cap gets (clamp: a lower max_tokens, reject: a 400)."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_num_seqs: StrictInt | None = Field(default=None, ge=1)
     max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
+    cap_mode: Literal["clamp", "reject"] | None = None
 
 
 def token_file_exposure(path: str | Path) -> str | None:
@@ -80,7 +84,12 @@ def read_token_file(path: str | Path) -> str:
 
 def _current(engine: LLMEngine) -> AdminConfig:
     bounds = AdminBounds(max_num_seqs=engine.max_num_seqs_limit, max_tokens_cap=engine.max_model_len)
-    return AdminConfig(max_num_seqs=engine.max_num_seqs, max_tokens_cap=engine.max_tokens_cap, bounds=bounds)
+    return AdminConfig(
+        max_num_seqs=engine.max_num_seqs,
+        max_tokens_cap=engine.max_tokens_cap,
+        cap_mode=engine.cap_mode,
+        bounds=bounds,
+    )
 
 
 def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRouter:
@@ -130,17 +139,25 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
                 engine.set_max_num_seqs(patch.max_num_seqs)
             if "max_tokens_cap" in fields:
                 engine.set_max_tokens_cap(patch.max_tokens_cap)
+            if patch.cap_mode is not None:
+                engine.set_cap_mode(patch.cap_mode)
             return _current(engine)
 
-        if "max_num_seqs" in fields and patch.max_num_seqs is None:
-            return JSONResponse(error_body(400, "max_num_seqs cannot be null"), status_code=400)
+        for name in ("max_num_seqs", "cap_mode"):
+            if name in fields and getattr(patch, name) is None:
+                return JSONResponse(error_body(400, f"{name} cannot be null"), status_code=400)
         try:
             config = await async_engine.call(apply)
         except ValueError as err:
             return JSONResponse(error_body(400, str(err)), status_code=400)
         except EngineDeadError as err:
             return JSONResponse(error_body(503, str(err)), status_code=503)
-        logger.info("admin: max_num_seqs=%d max_tokens_cap=%s", config.max_num_seqs, config.max_tokens_cap)
+        logger.info(
+            "admin: max_num_seqs=%d max_tokens_cap=%s cap_mode=%s",
+            config.max_num_seqs,
+            config.max_tokens_cap,
+            config.cap_mode,
+        )
         return JSONResponse(config.model_dump())
 
     return router

@@ -100,7 +100,6 @@ def snapshot(engine: LLMEngine, drain: bool) -> EngineStats:
             prefix_cache_hits=c.prefix_cache_hits,
             prompt_tokens=c.prompt_tokens,
             generation_tokens=c.generation_tokens,
-            capped_requests=c.capped_requests,
             finished=dict(c.finished),
             failures=dict(c.failures),
         ),
@@ -294,9 +293,16 @@ class AsyncEngine:
             )
 
     async def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        prefix_key: str | None = None,
     ) -> RequestStream:
-        """Queue a request; returns its output stream once the engine has accepted it.
+        """Queue a request; returns its output stream once the engine has accepted it (`cache_salt` and
+        `prefix_key` as in `LLMEngine.add_request`).
 
         Raises ValueError for a request the engine cannot run (the caller's 400) and EngineOverloadedError
         when the waiting queue is full (429).
@@ -309,7 +315,14 @@ class AsyncEngine:
 
         def add(engine: LLMEngine) -> None:
             try:
-                engine.add_request(request_id, prompt_token_ids, params, arrival_time=arrival)
+                engine.add_request(
+                    request_id,
+                    prompt_token_ids,
+                    params,
+                    arrival_time=arrival,
+                    cache_salt=cache_salt,
+                    prefix_key=prefix_key,
+                )
             except BaseException:
                 with self._pending_lock:
                     self._pending_adds -= 1

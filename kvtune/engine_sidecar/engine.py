@@ -13,6 +13,12 @@ chunk rewrites the same cache slots with the same values, and `schedule()` alrea
 `num_computed_tokens` for exactly that chunk), and only those whose solo pass raises too are failed, their
 blocks freed and withdrawn from the prefix cache (their KV was never written). A failed request ends with
 finish reason "error" (vLLM's FinishReason.ERROR), apart from client aborts.
+
+The engine holds the live max_tokens cap (`cap_setting`, which the admin API changes) but does not apply
+it: the HTTP layer decides every request's max_tokens through `core.max_tokens_cap`, the one function the
+proxy uses too, so a capped request gets its response header and its count in one place. A direct engine
+user gets exactly the max_tokens it passes. The prefix-defeat detector, when on, sees each request's prompt
+once, at its first admission, with the prefix-cache hit the scheduler really found.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import torch
 
 from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
 from kvtune.core.accounting import tokens_held
+from kvtune.core.max_tokens_cap import CAP_MODES, CapMode
+from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.core.request import FinishReason, RequestStatus
 from kvtune.engine_sidecar.attention_metadata import ScheduledChunk
 from kvtune.engine_sidecar.choices import PendingChoices, choice_id
@@ -85,7 +93,6 @@ class EngineCounters:
     prefix_cache_hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    capped_requests: int = 0
     finished: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)  # failed requests by the stage that raised
 
@@ -104,6 +111,16 @@ class _Track:
     first_token_at: float | None = None
     last_token_at: float | None = None
     num_cached_tokens: int = 0  # prefix-cache hit at first admission (a recompute's hit is not the client's)
+    prefix_key: str = ""  # what the prefix-defeat detector groups this prompt under (model or tenant)
+
+
+@dataclass(frozen=True)
+class CapSetting:
+    """The live max_tokens cap (None: none) and what happens above it. Replaced whole, never mutated, so
+    the HTTP layer reads a consistent pair from its own thread while the admin API changes it."""
+
+    cap: int | None = None
+    mode: CapMode = "clamp"
 
 
 class LLMEngine:
@@ -134,7 +151,14 @@ class LLMEngine:
                 discard_output_on_preempt=False,
             ),
         )
-        self.max_tokens_cap = config.max_tokens_cap
+        self.cap_setting = CapSetting(config.max_tokens_cap, config.cap_mode)
+        # Only the paged policy caches prefixes: elsewhere a hit of 0 says nothing about evictions.
+        self._caches_prefixes = config.enable_prefix_caching and config.allocator == "paged"
+        self.prefix_detector = (
+            PrefixDefeatDetector(self.cache.block_size, keep_span_tokens=config.prefix_report_text)
+            if config.prefix_detector
+            else None
+        )
         self.counters = EngineCounters()
         self._tracks: dict[str, _Track] = {}
         self._choices = PendingChoices()
@@ -154,8 +178,17 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        *,
+        cache_salt: str | None = None,
+        prefix_key: str | None = None,
     ) -> None:
-        """Queue a request (n > 1: its choices share the prompt's blocks). ValueError for what cannot run."""
+        """Queue a request (n > 1: its choices share the prompt's blocks). ValueError for what cannot run.
+
+        `cache_salt`: the request shares prefix-cache blocks only with requests of the same salt.
+        `prefix_key`: what the prefix-defeat detector compares this prompt with (default: the model name).
+        """
+        if cache_salt is not None and not cache_salt:
+            raise ValueError("cache_salt must be a non-empty string")
         params.validate(self.model_config.vocab_size)
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
@@ -178,35 +211,41 @@ class LLMEngine:
             rid in self._tracks for rid in choice_ids
         ):
             raise ValueError(f"request id {request_id!r} is already running")
-        cap, capped = self.max_tokens_cap, False
-        if cap is not None and params.max_tokens > cap:
-            params.max_tokens, capped = cap, True
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        parent = self._make_request(request_id, 0, prompt_token_ids, params, arrival)
+        key = self.served_model_name if prefix_key is None else prefix_key
+        parent = self._make_request(request_id, 0, prompt_token_ids, params, arrival, cache_salt, key)
         try:
             self.scheduler.add_request(parent)  # refuses a request the whole pool could never hold
         except ValueError:
             del self._tracks[parent.request_id]
             raise
-        self.counters.capped_requests += capped
         children = [
-            self._make_request(request_id, index, prompt_token_ids, params, arrival)
+            self._make_request(request_id, index, prompt_token_ids, params, arrival, cache_salt, key)
             for index in range(1, params.n)
         ]
         self._choices.hold(parent.request_id, children)
 
     def _make_request(
-        self, client_id: str, index: int, prompt: list[int], params: SamplingParams, arrival: float
+        self,
+        client_id: str,
+        index: int,
+        prompt: list[int],
+        params: SamplingParams,
+        arrival: float,
+        cache_salt: str | None,
+        prefix_key: str,
     ) -> Request:
         rid = choice_id(client_id, index)
         expected = params.max_tokens if params.ignore_eos else None
-        req = Request(rid, list(prompt), params.max_tokens, expected_output_len=expected)
+        req = Request(
+            rid, list(prompt), params.max_tokens, expected_output_len=expected, cache_salt=cache_salt
+        )
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device="cpu")
             generator.manual_seed(params.seed + index)
         stops = StopChecker(params, self._eos, self.tokenizer.decode)
-        self._tracks[rid] = _Track(client_id, index, params, generator, stops, arrival)
+        self._tracks[rid] = _Track(client_id, index, params, generator, stops, arrival, prefix_key=prefix_key)
         return req
 
     def abort_request(self, request_id: str) -> None:
@@ -243,6 +282,20 @@ class LLMEngine:
                 f"sequence needs at least one), got {value}"
             )
 
+    @property
+    def max_tokens_cap(self) -> int | None:
+        return self.cap_setting.cap
+
+    @property
+    def cap_mode(self) -> CapMode:
+        return self.cap_setting.mode
+
+    @staticmethod
+    def check_cap_mode(mode: str) -> None:
+        """ValueError naming the choices unless `mode` is one of CAP_MODES."""
+        if mode not in CAP_MODES:
+            raise ValueError(f"cap_mode must be one of {', '.join(CAP_MODES)}, got {mode!r}")
+
     def check_max_tokens_cap(self, value: int | None) -> None:
         """ValueError naming the bound unless the cap is None or 1 <= value <= max_model_len."""
         if value is None:
@@ -262,7 +315,12 @@ class LLMEngine:
     def set_max_tokens_cap(self, value: int | None) -> None:
         """Cap max_tokens of requests that arrive from now on (None: no cap)."""
         self.check_max_tokens_cap(value)
-        self.max_tokens_cap = value
+        self.cap_setting = CapSetting(value, self.cap_setting.mode)
+
+    def set_cap_mode(self, mode: CapMode) -> None:
+        """`clamp` or `reject` requests over the cap that arrive from now on."""
+        self.check_cap_mode(mode)
+        self.cap_setting = CapSetting(self.cap_setting.cap, mode)
 
     # --- one step ------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -278,6 +336,8 @@ class LLMEngine:
             if req.num_preemptions == 0:
                 track.num_cached_tokens = req.num_cached_tokens
                 self.counters.prompt_tokens += req.num_prompt_tokens if track.index == 0 else 0
+        if self.prefix_detector is not None:
+            self._observe_prompts(out.requests, out.num_tokens, out.admitted)
         self.counters.prefix_cache_queries = sched.prefix_cache.queries
         self.counters.prefix_cache_hits = sched.prefix_cache.hits
         if out.copies:
@@ -321,6 +381,41 @@ class LLMEngine:
             except Exception as err:
                 outputs += self.fail_request(track.client_id, err, "output")
         return self._drain_finished(outputs)
+
+    def _observe_prompts(self, scheduled: list[Request], counts: list[int], admitted: list[Request]) -> None:
+        """Show the detector each prompt once, at its first admission, with the prefix-cache hit it got.
+
+        A recompute after preemption hits its own blocks, which says nothing about the prompt's shape, so it
+        is never shown again. The cache publishes a block only once a step has scheduled it, so a prompt
+        admitted beside another with the same prefix (earlier in this step, or one still in prefill) misses
+        blocks that were never cached, not evicted: those count as hits here, so `evicted` means evicted.
+        """
+        detector = self.prefix_detector
+        assert detector is not None
+        firsts = [r for r in admitted if r.num_preemptions == 0 and self._tracks[r.request_id].index == 0]
+        if not firsts:
+            return
+        in_flight: set[int] = set()
+        if self._caches_prefixes:
+            first_ids = {r.request_id for r in firsts}
+            for req, n in zip(scheduled, counts, strict=True):
+                if n > 1 and req.request_id not in first_ids:
+                    in_flight.update(req.block_hashes)  # a prompt (re)computing: its tail is not cached yet
+        block_size = self.cache.block_size
+        for req in firsts:
+            cached: int | None = None
+            if self._caches_prefixes:
+                hashes = req.block_hashes
+                blocks = req.num_cached_tokens // block_size
+                most = (req.num_prompt_tokens - 1) // block_size
+                while blocks < min(most, len(hashes)) and hashes[blocks] in in_flight:
+                    blocks += 1
+                cached = max(req.num_cached_tokens, blocks * block_size)
+                in_flight.update(hashes)
+            track = self._tracks[req.request_id]
+            detector.observe(
+                track.prefix_key, req.prompt_token_ids, cache_salt=req.cache_salt, cached_tokens=cached
+            )
 
     def _chunks(self, reqs: list[Request], counts: list[int]) -> list[ScheduledChunk]:
         """What the runner computes for each scheduled request: its new tokens, after its cached ones."""

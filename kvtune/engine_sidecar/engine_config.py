@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvtune.core.allocators import POLICIES
 from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
+from kvtune.core.max_tokens_cap import CAP_MODES, CapMode
 from kvtune.engine_sidecar.config import MODEL_DTYPES
 from kvtune.errors import KvtuneError
 
@@ -30,6 +31,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str | None = None
     max_tokens_cap: int | None = None
+    cap_mode: CapMode = "clamp"  # over the cap: clamp lowers max_tokens, reject refuses the request
+    prefix_detector: bool = True  # watch prompts for prefix-cache defeats (off: the cost A/B)
+    prefix_report_text: bool = False  # keep the varying spans' token ids, so the report can show text
     seed: int = 0  # seeds torch's global generator at boot: what requests without their own seed draw from
 
     def validate(self) -> None:
@@ -47,6 +51,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise KvtuneError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.cap_mode not in CAP_MODES:
+            raise KvtuneError(f"--cap-mode must be one of {', '.join(CAP_MODES)}, got {self.cap_mode!r}")
         if self.max_num_seqs <= 0:
             raise KvtuneError(f"--max-num-seqs must be positive, got {self.max_num_seqs}")
         if self.max_num_batched_tokens <= 0:

@@ -3,7 +3,9 @@
 Series live in a private registry, served in the classic text format 0.0.4: Prometheus 2.x stores colon
 names scraped as OpenMetrics under underscore names, so every `vllm:` rule would miss. Counters are fed
 from the engine's cumulative counters by difference, so they stay monotonic whatever order snapshots
-arrive in; histograms observe each finished request exactly once.
+arrive in; histograms observe each finished request exactly once. Two kinds of series come from outside
+the engine thread: capped requests, counted by the HTTP layer that decides the cap, and the prefix-defeat
+counters, read from the detector at scrape time (prefix_report).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from kvtune.core.max_tokens_cap import CAPPED_LABELS
 from kvtune.engine_sidecar.async_engine import EngineStats
 from kvtune.engine_sidecar.engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
+from kvtune.engine_sidecar.prefix_report import PrefixDefeatCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ENGINE_INDEX = "0"  # one engine per server; vLLM labels data-parallel ranks the same way
@@ -141,7 +145,10 @@ class EngineMetrics:
             "kvtune:max_tokens_cap", "Live server-side cap on max_tokens; 0 means no cap."
         )
         self.capped_requests = counter(
-            "kvtune:capped_requests", "Requests whose max_tokens the server-side cap lowered."
+            "kvtune:capped_requests",
+            "Requests the server-side max_tokens cap acted on, by mode: clamp (lowered), reject (refused "
+            "with a 400), default (no max_tokens asked, the cap used as the default).",
+            ("mode",),
         )
         self.request_failures = counter(
             "kvtune:request_failures",
@@ -157,7 +164,7 @@ class EngineMetrics:
             self.prefix_hits, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
             self.queue_time, self.request_prompt_tokens, self.request_generation_tokens,
             self.request_max_tokens, self.effective, self.held_empty, self.max_num_seqs,
-            self.max_tokens_cap, self.capped_requests,
+            self.max_tokens_cap,
         ):  # fmt: skip
             metric.labels(**self.labels)
         for reason in ("stop", "length", "abort", ERROR_FINISH_REASON):
@@ -165,6 +172,14 @@ class EngineMetrics:
         for stage in FAILURE_STAGES:
             self.request_failures.labels(**self.labels, reason=stage)
         self.rejected_requests.labels(**self.labels, reason="queue_full")
+        for mode in CAPPED_LABELS:
+            self.capped_requests.labels(**self.labels, mode=mode)
+        if engine.prefix_detector is not None:
+            reg.register(PrefixDefeatCollector(engine.prefix_detector, self.labels))
+
+    def count_capped(self, mode: str) -> None:
+        """One request the cap acted on (any thread: prometheus counters are thread-safe)."""
+        self.capped_requests.labels(**self.labels, mode=mode).inc()
 
     def _add(self, key: str, counter: Counter, total: int, **extra: str) -> None:
         """Advance `counter` to the engine's cumulative `total` (never backwards)."""
@@ -190,7 +205,6 @@ class EngineMetrics:
             self._add("prefix_hits", self.prefix_hits, c.prefix_cache_hits)
             self._add("prompt_tokens", self.prompt_tokens, c.prompt_tokens)
             self._add("generation_tokens", self.generation_tokens, c.generation_tokens)
-            self._add("capped", self.capped_requests, c.capped_requests)
             for reason, count in c.finished.items():
                 self._add(f"finished:{reason}", self.request_success, count, finished_reason=reason)
             for stage, count in c.failures.items():

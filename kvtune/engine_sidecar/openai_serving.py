@@ -4,6 +4,10 @@ Everything a client can get wrong is checked before the request reaches the engi
 engine's own `add_request` (a ValueError there becomes a 400), so a bad request never costs KV cache.
 A client that goes away is noticed (the stream is cancelled, or the disconnect watcher fires for a plain
 request) and its request aborted, which frees its blocks.
+
+The max_tokens cap is decided here, the only place that does (see request_max_tokens): a clamped or
+defaulted request carries the cap header on its JSON or streamed response, a rejected one gets a 400, and
+each is counted once, under its mode, when the engine accepts it (a rejection when it is refused).
 """
 
 from __future__ import annotations
@@ -47,12 +51,16 @@ from kvtune.engine_sidecar.protocol import (
     Usage,
 )
 from kvtune.engine_sidecar.request_body import read_json
+from kvtune.engine_sidecar.request_max_tokens import MaxTokensChoice, MaxTokensOverCapError, choose_max_tokens
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+# Longest tenant key taken from --prefix-key-header: the detector tracks a bounded number of keys, and this
+# bounds each one too.
+MAX_PREFIX_KEY_CHARS = 128
 
 
 class ApiError(Exception):
@@ -165,10 +173,21 @@ class _Choices:
 
 
 class OpenAIServing:
-    """Handlers for /v1/completions and /v1/chat/completions over one AsyncEngine."""
+    """Handlers for /v1/completions and /v1/chat/completions over one AsyncEngine.
 
-    def __init__(self, async_engine: AsyncEngine) -> None:
+    `on_capped(mode)` counts a request the cap changed or refused; `prefix_key_header` names the request
+    header whose value (a tenant) the prefix-defeat detector groups prompts by, instead of the model name.
+    """
+
+    def __init__(
+        self,
+        async_engine: AsyncEngine,
+        on_capped: Callable[[str], None] | None = None,
+        prefix_key_header: str | None = None,
+    ) -> None:
         self.async_engine = async_engine
+        self.on_capped = on_capped
+        self.prefix_key_header = prefix_key_header
         engine = async_engine.engine
         self.model_name = engine.served_model_name
         self.max_model_len = engine.max_model_len
@@ -243,15 +262,40 @@ class OpenAIServing:
             single = [t for t in prompt if isinstance(t, int)]
         return single if isinstance(single, str) else self.tokenizer.decode(single)
 
-    def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
-        """An absent max_tokens means 'up to the context length', as in vLLM."""
-        return requested if requested is not None else max(1, self.max_model_len - prompt_len)
+    def _count_capped(self, counted_as: str | None) -> None:
+        if counted_as is not None and self.on_capped is not None:
+            self.on_capped(counted_as)
 
-    async def _start(self, prefix: str, prompt_ids: list[int], body: Any, max_tokens: int) -> RequestStream:
+    def _max_tokens(self, requested: int | None, prompt_len: int, param: str) -> MaxTokensChoice:
+        """The request's max_tokens under the live cap (None asked: up to the context length, as in vLLM).
+        The engine replaces its CapSetting whole, so this one read sees a consistent cap and mode."""
+        setting = self.async_engine.engine.cap_setting
+        try:
+            return choose_max_tokens(requested, prompt_len, self.max_model_len, setting.cap, setting.mode)
+        except MaxTokensOverCapError as err:
+            self._count_capped(err.counted_as)
+            raise ApiError(400, err.message, param, "max_tokens_over_cap") from None
+
+    def _prefix_key(self, request: Request) -> str | None:
+        """The tenant named by --prefix-key-header, or None (the model name) when absent."""
+        if self.prefix_key_header is None:
+            return None
+        value = request.headers.get(self.prefix_key_header, "")
+        return value[:MAX_PREFIX_KEY_CHARS] or None
+
+    async def _start(
+        self, prefix: str, prompt_ids: list[int], body: Any, choice: MaxTokensChoice, request: Request
+    ) -> RequestStream:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
-            params = body.sampling_params(max_tokens)
-            return await self.async_engine.add_request(request_id, prompt_ids, params)
+            params = body.sampling_params(choice.max_tokens)
+            stream = await self.async_engine.add_request(
+                request_id,
+                prompt_ids,
+                params,
+                cache_salt=body.cache_salt,
+                prefix_key=self._prefix_key(request),
+            )
         except (ValueError, KvtuneError) as err:
             raise ApiError(400, str(err)) from None
         except EngineOverloadedError as err:
@@ -262,21 +306,22 @@ class OpenAIServing:
         except Exception as err:  # a bug met while queueing: fail this request (a fault, not overload)
             logger.exception("the engine could not queue %s", request_id)
             raise ApiError(500, f"the engine could not accept this request: {err}") from None
+        self._count_capped(choice.counted_as)
+        return stream
 
     # --- /v1/completions --------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         self._check_model(body.model)
         prompt_ids = await self._tokenize(self._completion_prompt, body.prompt)
-        stream = await self._start(
-            "cmpl", prompt_ids, body, self._max_tokens(body.max_tokens, len(prompt_ids))
-        )
+        choice = self._max_tokens(body.max_tokens, len(prompt_ids), "max_tokens")
+        stream = await self._start("cmpl", prompt_ids, body, choice, request)
         request_id = stream.request_id
         echo = self._echo_text(body.prompt) if body.echo else ""
         wants_logprobs = body.logprobs is not None
         if body.stream:
             return self._event_stream(
-                self._completion_events(stream, body.include_usage, echo, wants_logprobs)
+                self._completion_events(stream, body.include_usage, echo, wants_logprobs), choice.headers
             )
         choices = await self._collect(request, stream, body.n)
         return JSONResponse(
@@ -295,7 +340,8 @@ class OpenAIServing:
                     for i in range(body.n)
                 ],
                 usage=choices.usage(),
-            ).model_dump()
+            ).model_dump(),
+            headers=choice.headers,
         )
 
     async def _completion_events(
@@ -346,10 +392,15 @@ class OpenAIServing:
         self._check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         prompt_ids = await self._tokenize(self._chat_prompt, messages, body.add_generation_prompt)
-        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        stream = await self._start("chatcmpl", prompt_ids, body, self._max_tokens(requested, len(prompt_ids)))
+        newer = body.max_completion_tokens is not None
+        requested = body.max_completion_tokens if newer else body.max_tokens
+        param = "max_completion_tokens" if newer else "max_tokens"
+        choice = self._max_tokens(requested, len(prompt_ids), param)
+        stream = await self._start("chatcmpl", prompt_ids, body, choice, request)
         if body.stream:
-            return self._event_stream(self._chat_events(stream, body.include_usage, bool(body.logprobs)))
+            return self._event_stream(
+                self._chat_events(stream, body.include_usage, bool(body.logprobs)), choice.headers
+            )
         choices = await self._collect(request, stream, body.n)
         return JSONResponse(
             ChatCompletionResponse(
@@ -365,7 +416,8 @@ class OpenAIServing:
                     for i in range(body.n)
                 ],
                 usage=choices.usage(),
-            ).model_dump()
+            ).model_dump(),
+            headers=choice.headers,
         )
 
     async def _chat_events(
@@ -409,9 +461,9 @@ class OpenAIServing:
 
     # --- shared ------------------------------------------------------------------------------------------
     @staticmethod
-    def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    def _event_stream(events: AsyncIterator[str], headers: dict[str, str]) -> StreamingResponse:
         return StreamingResponse(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers}
         )
 
     async def _collect(self, request: Request, stream: RequestStream, n: int) -> _Choices:

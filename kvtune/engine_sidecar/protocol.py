@@ -76,6 +76,8 @@ class _SamplingFields(_Lenient):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's field: prompts share prefix-cache blocks only with prompts of the same salt (tenant isolation).
+    cache_salt: str | None = Field(default=None, min_length=1)
     # Known fields that would change the answer; refused unless neutral (see the module docstring).
     logit_bias: Annotated[Any, _only_neutral(_zero_biases, "logit_bias", "{}")] = None
     presence_penalty: Annotated[Any, _only_neutral(_is_zero, "presence_penalty", "0")] = None

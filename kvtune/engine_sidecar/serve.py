@@ -77,6 +77,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--admin-port", type=int, help="serve /admin/config on this port only (default: the main port)"
     )
     parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
+    parser.add_argument(
+        "--cap-mode",
+        default="clamp",
+        choices=["clamp", "reject"],
+        help="a request over --max-tokens-cap: clamp lowers its max_tokens (the response header "
+        "X-Kvtune-Max-Tokens says so), reject answers 400; a request without max_tokens gets the cap",
+    )
+    parser.add_argument(
+        "--no-prefix-detector",
+        action="store_true",
+        help="do not watch prompts for prefix-cache defeats (/kvtune/prefix-report then says it is off)",
+    )
+    parser.add_argument(
+        "--prefix-key-header",
+        metavar="NAME",
+        help="group prompts for the prefix-defeat detector by this request header (a tenant), not by model",
+    )
+    parser.add_argument(
+        "--prefix-report-text",
+        action="store_true",
+        help="show the prompt text of varying spans in /kvtune/prefix-report (prompt text is user data: "
+        "off by default, the report then holds only positions, lengths and hashes)",
+    )
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
     parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
     parser.add_argument(
@@ -132,6 +155,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         attention_backend=args.attention_backend,
         max_tokens_cap=args.max_tokens_cap,
+        cap_mode=args.cap_mode,
+        prefix_detector=not args.no_prefix_detector,
+        prefix_report_text=args.prefix_report_text,
         seed=args.seed,
     )
 
@@ -177,6 +203,8 @@ def build_server(args: argparse.Namespace) -> Server:
         raise KvtuneError(
             f"--max-waiting-requests must be >= 0, or -1 for no limit; got {args.max_waiting_requests}"
         )
+    if args.prefix_key_header is not None and not args.prefix_key_header.strip():
+        raise KvtuneError("--prefix-key-header needs a header name")
     if args.max_request_body_bytes < 1:
         raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
     if args.admin_port is not None:
@@ -201,6 +229,7 @@ def build_server(args: argparse.Namespace) -> Server:
         model_root=config.model,
         max_request_body_bytes=args.max_request_body_bytes,
         include_admin=args.admin_port is None,
+        prefix_key_header=args.prefix_key_header,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
     admin = None

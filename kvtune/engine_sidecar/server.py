@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI routes, /v1/models, /health, /metrics and the admin API, with errors as JSON.
+"""The FastAPI app: OpenAI routes, /v1/models, /health, /metrics, the prefix-defeat report and the admin
+API, with errors as JSON.
 
 Every error a client can provoke leaves as an OpenAI-style `{"error": {...}}` body with a 4xx status:
 FastAPI's own 422 for a body it could not validate becomes a 400, unknown routes a JSON 404. A 500 is left
@@ -23,6 +24,7 @@ from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
 from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
 from kvtune.engine_sidecar.openapi_schema import OPENAPI_URL, install_openapi
+from kvtune.engine_sidecar.prefix_report import REPORT_PATH, prefix_report
 from kvtune.engine_sidecar.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -76,15 +78,19 @@ def build_app(
     model_root: str | None = None,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     include_admin: bool = True,
+    prefix_key_header: str | None = None,
 ) -> FastAPI:
     """The server around `async_engine`, whose thread starts and stops with the app's lifespan; request
     bodies over `max_request_body_bytes` get a 413 before they are buffered. `include_admin=False` leaves
-    the admin routes to `build_admin_app` on a port of their own."""
+    the admin routes to `build_admin_app` on a port of their own. `prefix_key_header`: the request header
+    (a tenant) the prefix-defeat detector groups prompts by, instead of the model name."""
     engine = async_engine.engine
     metrics = metrics or EngineMetrics(engine)
     metrics.update(async_engine.latest)
     async_engine.add_listener(metrics.update)
-    serving = OpenAIServing(async_engine)
+    serving = OpenAIServing(async_engine, metrics.count_capped, prefix_key_header)
+    detector = engine.prefix_detector
+    decode_spans = engine.tokenizer.decode if engine.config.prefix_report_text else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -125,6 +131,12 @@ def build_app(
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get(REPORT_PATH, summary="Prefix-cache defeats seen so far: reasons, examples and fixes")
+    async def prefix_defeat_report() -> JSONResponse:
+        # Decoding spans and copying examples is the detector's lock plus a little CPU: off the loop.
+        report = await asyncio.to_thread(prefix_report, detector, prefix_key_header, decode_spans)
+        return JSONResponse(report)
 
     if include_admin:
         app.include_router(build_admin_router(async_engine, admin_token))

@@ -12,6 +12,7 @@ from kvtune.core import (
     Scheduler,
     make_allocator,
 )
+from kvtune.core.prefix_hash import ROOT_HASH, salted_root
 from tests.core.stub import prompt, run_step
 
 # --- paged: prefix caching through the scheduler -------------------------------------------------------
@@ -105,6 +106,50 @@ def test_prefix_caching_disabled_shares_nothing() -> None:
     sched.add_request(again)
     run_step(sched)
     assert again.num_cached_tokens == 0
+
+
+def _hit_after(first_salt: str | None, second_salt: str | None, prompt_len: int = 48) -> int:
+    """Tokens the second of two identical prompts finds cached, under the given cache salts."""
+    sched = paged_scheduler()
+    tokens = prompt(prompt_len, start=1000)
+    sched.add_request(Request("a", tokens, max_tokens=1, cache_salt=first_salt))
+    run_step(sched)
+    again = Request("b", list(tokens), max_tokens=1, cache_salt=second_salt)
+    sched.add_request(again)
+    run_step(sched)
+    return again.num_cached_tokens
+
+
+def test_identical_prompts_under_different_cache_salts_share_no_block() -> None:
+    assert _hit_after("tenant-a", "tenant-b") == 0
+    assert _hit_after(None, "tenant-b") == 0
+    assert _hit_after("tenant-a", None) == 0
+
+
+def test_one_cache_salt_shares_blocks_as_an_unsalted_prompt_does() -> None:
+    assert _hit_after("tenant-a", "tenant-a") == _hit_after(None, None) == 32
+
+
+def test_a_salted_prompt_publishes_its_output_blocks_under_its_salt() -> None:
+    """A prompt under one block has no prompt hashes: its first full block (prompt + output) chains from
+    the salted root too, so an unsalted prompt with the same tokens cannot hit it."""
+    sched = paged_scheduler()
+    first = Request("a", prompt(8, start=1000), max_tokens=12, cache_salt="s")
+    sched.add_request(first)
+    while first.status is not RequestStatus.FINISHED:
+        run_step(sched)
+    written = first.all_token_ids()[:16]
+    for salt, expected in ((None, 0), ("s", 16)):
+        probe = Request(f"probe-{salt}", [*written, 7], max_tokens=1, cache_salt=salt)
+        sched.add_request(probe)
+        run_step(sched)
+        assert probe.num_cached_tokens == expected
+
+
+def test_salted_roots_are_stable_and_distinct() -> None:
+    assert salted_root(None) == ROOT_HASH
+    assert salted_root("x") == salted_root("x") != salted_root("y")
+    assert ROOT_HASH not in {salted_root("x"), salted_root("")}
 
 
 def test_paged_admission_takes_only_the_prompt_blocks() -> None:

@@ -1,12 +1,12 @@
 """What add_request refuses and what the engine keeps doing afterwards; aborts free every block; the live
-levers (max_num_seqs, max_tokens cap) change admission without dropping or evicting anyone."""
+levers (max_num_seqs; the max_tokens cap, which the HTTP layer applies) change admission without dropping or
+evicting anyone."""
 
 from __future__ import annotations
 
 import itertools
 import random
 from pathlib import Path
-from typing import Any
 
 import pytest
 from engine_loop_driver import (
@@ -22,6 +22,7 @@ from engine_loop_driver import (
 
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.errors import KvtuneError
 
 MAX_MODEL_LEN = 256
 GOOD_PROMPT = random_prompt(random.Random(8), 50)
@@ -186,36 +187,33 @@ def test_lowering_max_num_seqs_evicts_nobody_and_admission_waits(tiny_dir: Path)
     assert_idle_and_all_free(engine)
 
 
-def test_max_tokens_cap_applies_to_new_requests_only(tiny_dir: Path) -> None:
-    engine = make_engine(tiny_dir)
-    params: dict[str, Any] = {"ignore_eos": True}
-    engine.add_request("before", list(GOOD_PROMPT), greedy(30, **params))
-    done = Collector()
-    done.add(engine.step())
-    engine.set_max_tokens_cap(5)
-    engine.add_request("capped", list(GOOD_PROMPT), greedy(30, **params))
-    engine.add_request("under", list(GOOD_PROMPT), greedy(3, **params))
-    engine.add_request("choices", list(GOOD_PROMPT), greedy(30, n=2, **params))
-    run_until_idle(engine, done)
+def test_the_engine_holds_the_live_cap_but_runs_max_tokens_as_given(tiny_dir: Path) -> None:
+    """The HTTP layer applies the cap (one place decides, with its header and count); a direct engine user
+    gets exactly the max_tokens it passes, whatever the live setting says."""
+    engine = make_engine(tiny_dir, max_tokens_cap=5, cap_mode="reject")
+    assert (engine.max_tokens_cap, engine.cap_mode) == (5, "reject")
+    engine.add_request("over", list(GOOD_PROMPT), greedy(30, ignore_eos=True))
+    done = run_until_idle(engine)
+    assert len(done.tokens("over")) == 30
     engine.set_max_tokens_cap(None)
-    engine.add_request("after", list(GOOD_PROMPT), greedy(30, **params))
-    run_until_idle(engine, done)
-    lengths = {rid: len(done.tokens(rid, index)) for rid, index in done.choices}
-    assert lengths == {"before": 30, "capped": 5, "under": 3, "choices": 5, "after": 30}
-    assert all(choice.finish_reason == "length" for choice in done.choices.values())
-    assert engine.counters.capped_requests == 2  # "capped" and "choices" (once, not per choice)
+    engine.set_cap_mode("clamp")
+    assert (engine.max_tokens_cap, engine.cap_mode) == (None, "clamp")
     for bad in (0, -3):
         with pytest.raises(ValueError, match=f"max_tokens_cap must be positive, got {bad}"):
             engine.set_max_tokens_cap(bad)
-    assert engine.max_tokens_cap is None
+    with pytest.raises(ValueError, match="cap_mode must be one of clamp, reject, got 'drop'"):
+        engine.set_cap_mode("drop")  # type: ignore[arg-type]
+    assert (engine.max_tokens_cap, engine.cap_mode) == (None, "clamp")
     assert_idle_and_all_free(engine)
 
 
-def test_a_refused_request_is_not_counted_as_capped(tiny_dir: Path) -> None:
-    engine = make_engine(tiny_dir, max_tokens_cap=5)
-    engine.add_request("a", list(GOOD_PROMPT), greedy(30))
-    with pytest.raises(ValueError, match="already running"):
-        engine.add_request("a", list(GOOD_PROMPT), greedy(30))
-    assert engine.counters.capped_requests == 1
-    run_until_idle(engine)
+def test_an_unknown_cap_mode_is_refused_at_boot(tiny_dir: Path) -> None:
+    with pytest.raises(KvtuneError, match="--cap-mode must be one of clamp, reject"):
+        make_engine(tiny_dir, cap_mode="drop")
+
+
+def test_an_empty_cache_salt_is_refused(tiny_dir: Path) -> None:
+    engine = make_engine(tiny_dir)
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        engine.add_request("a", list(GOOD_PROMPT), greedy(3), cache_salt="")
     assert_idle_and_all_free(engine)

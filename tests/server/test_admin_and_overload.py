@@ -23,7 +23,9 @@ BOUNDS = {"max_num_seqs": 64, "max_tokens_cap": 1024}  # the 1,024-token pool: 6
 @pytest.fixture()
 def restore_config(client: httpx.Client) -> Iterator[None]:
     yield
-    reset = client.patch("/admin/config", json={"max_num_seqs": 8, "max_tokens_cap": None}, headers=AUTH)
+    reset = client.patch(
+        "/admin/config", json={"max_num_seqs": 8, "max_tokens_cap": None, "cap_mode": "clamp"}, headers=AUTH
+    )
     assert reset.status_code == 200
 
 
@@ -38,6 +40,7 @@ def test_admin_requires_the_token(client: httpx.Client) -> None:
     assert client.get("/admin/config", headers=AUTH).json() == {
         "max_num_seqs": 8,
         "max_tokens_cap": None,
+        "cap_mode": "clamp",
         "bounds": BOUNDS,
     }
 
@@ -59,6 +62,9 @@ def test_admin_routes_do_not_exist_without_a_token(narrow_server: LiveServer) ->
         {"max_num_seqs": None},
         {"max_tokens_cap": 0},
         {"max_tokens_cap": "none"},
+        {"cap_mode": "drop"},
+        {"cap_mode": None},
+        {"cap_mode": 1},
         {"max_batch": 4},
         [1],
     ],
@@ -78,7 +84,7 @@ def test_admin_malformed_json(client: httpx.Client) -> None:
 
 def test_admin_changes_apply_live(client: httpx.Client, restore_config: None) -> None:
     changed = client.patch("/admin/config", json={"max_num_seqs": 3, "max_tokens_cap": 4}, headers=AUTH)
-    assert changed.json() == {"max_num_seqs": 3, "max_tokens_cap": 4, "bounds": BOUNDS}
+    assert changed.json() == {"max_num_seqs": 3, "max_tokens_cap": 4, "cap_mode": "clamp", "bounds": BOUNDS}
     capped_before = total(scrape(client), "kvtune:capped_requests_total")
     out = client.post(
         "/v1/completions", json={"prompt": "cap me", "max_tokens": 50, "ignore_eos": True}
@@ -92,6 +98,7 @@ def test_admin_changes_apply_live(client: httpx.Client, restore_config: None) ->
     assert client.patch("/admin/config", json={"max_tokens_cap": None}, headers=AUTH).json() == {
         "max_num_seqs": 3,
         "max_tokens_cap": None,
+        "cap_mode": "clamp",
         "bounds": BOUNDS,
     }
     assert total(scrape(client), "kvtune:max_tokens_cap") == 0

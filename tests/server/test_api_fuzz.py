@@ -130,7 +130,8 @@ def test_the_defect_corpus_gets_no_server_error_nor_a_reset(fuzz_server: LiveSer
 
 def test_the_server_is_serving_and_idle_after_the_fuzz(fuzz_server: LiveServer) -> None:
     with httpx.Client(base_url=fuzz_server.url, timeout=60, headers=AUTH) as http:
-        http.patch("/admin/config", json={"max_num_seqs": 8, "max_tokens_cap": None}).raise_for_status()
+        reset = {"max_num_seqs": 8, "max_tokens_cap": None, "cap_mode": "clamp"}
+        http.patch("/admin/config", json=reset).raise_for_status()
         fuzz_server.wait_idle()
         answer = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0})
         assert answer.status_code == 200, answer.text
