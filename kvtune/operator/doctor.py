@@ -138,11 +138,15 @@ def format_text(data: dict[str, Any]) -> str:
         boot = findings["boot_line_concurrency"]
         boot_text = "n/a" if boot is None else f"{boot:.2f}x"
         lines.append(f"Real concurrency ceiling: {ceiling} (boot line: {boot_text})")
-    prefix = data.get("prefix_report")
-    defeats = [entry for entry in (prefix or {}).get("defeats", []) if entry["in_window"]]
-    if prefix and defeats:
-        lines.append(f"Prefix-cache defeats in the window ({prefix['url']}; counts since the server started)")
-        lines.extend(f"  {entry_line(entry)}" for entry in defeats)
+    prefix = data.get("prefix_report") or {}
+    entries = prefix.get("defeats", [])
+    # The doctor is often run after the incident, when traffic has stopped: what the report holds from
+    # before the window is still said, apart from what moved in it.
+    for in_window, heading in ((True, "in the window"), (False, "before the window, none in it")):
+        chosen = [entry for entry in entries if entry["in_window"] is in_window]
+        if chosen:
+            lines.append(f"Prefix-cache defeats {heading} ({prefix['url']}; counts since the server started)")
+            lines.extend(f"  {entry_line(entry)}" for entry in chosen)
     lines.append("Remedies, in ladder order")
     for i, remedy in enumerate(data["remedies"], 1):
         label = KNOB_LABELS[remedy["remedy"]]

@@ -224,3 +224,16 @@ def test_doctor_through_prometheus_names_the_reason_from_the_series(
         out = doctor(["--prometheus", url, "--selector", 'job="kvtune"'], capsys)
         assert VARYING_HEAD in out and MISALIGNED in out
         assert "Prefix-cache defeats" not in out  # no positions without a report
+
+
+def test_doctor_after_the_incident_still_says_what_the_report_holds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Traffic has stopped: no counter moves in the window, yet the report's defeats since start are said."""
+    after = metrics_answer(kvtune_with_detector("t1"))
+    routes = {"/metrics": [after, after], "/kvtune/prefix-report": [(200, "application/json", REPORT)]}
+    for url in serve_routes(routes):
+        out = doctor(["--metrics-url", url], capsys)
+        assert "Prefix-cache defeats before the window, none in it" in out
+        assert "Prefix-cache defeats in the window" not in out
+        assert "  varying_head: tokens 0-11 vary (a timestamp or id?)" in out
