@@ -15,7 +15,11 @@ on a 2-core machine (the CPU attention kernel is quadratic in the prompt), so th
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,28 @@ def _prefix_cache_traffic(
     return delta("vllm:prefix_cache_hits_total"), queries
 
 
+class DoctorDuringTraffic:
+    """`kvtune doctor --json` sampling the server while the clients send, as a user would run it on a
+    live incident: the defeats it names are the ones that moved in its window."""
+
+    def __init__(self, url: str, window_s: float = 4.0) -> None:
+        argv = [sys.executable, "-m", "kvtune.cli", "doctor", "--metrics-url", url, "--json",
+                "--window-seconds", str(window_s), "--samples", "2"]  # fmt: skip
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.5)  # its imports and first scrape; the window then spans the clients' requests
+
+    def report(self) -> dict[str, Any]:
+        out, err = self.process.communicate(timeout=120)
+        assert self.process.returncode == 0, err
+        data: dict[str, Any] = json.loads(out)
+        return data
+
+
+def _flag(report: dict[str, Any]) -> dict[str, Any]:
+    (flag,) = [r for r in report["remedies"] if r["remedy"] == "flag_prefix_defeat"]
+    return flag
+
+
 def _defeats(samples: Samples) -> dict[str, float]:
     return {labels["reason"]: value for labels, value in samples["kvtune:prefix_defeats_total"]}
 
@@ -125,9 +151,11 @@ def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
     systems = [f"{timestamp(i)} {shared}" for i in range(CLIENTS)]
     with httpx.Client(base_url=roomy_server.url, timeout=30) as http:
         before = http.get(REPORT).json()
+        doctor = DoctorDuringTraffic(roomy_server.url)
         hits, queries = _prefix_cache_traffic(roomy_server, http, f"head-{length}", systems, length)
         report = http.get(REPORT).json()
         defeats = _defeats(scrape(http))
+        diagnosis = doctor.report()
     # At most the first block hits: "<bos>system: " and the timestamps' common "[2026-1" fill it.
     assert hits <= CLIENTS * 16 and hits / queries < 0.03
     assert report["observed"] - before["observed"] == CLIENTS
@@ -149,6 +177,13 @@ def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
         reason: entry["defeats"] for reason, entry in report["reasons"].items() if reason != "varying_head"
     }
     assert others == {reason: before["reasons"][reason]["defeats"] for reason in others}
+    # The doctor, sampling during the incident, names the reason, where the span lies, and the fix.
+    flag = _flag(diagnosis)
+    assert flag["applicable"] and "varying_head" in flag["recommended"]
+    named = {e["reason"]: e for e in diagnosis["prefix_report"]["defeats"] if e["in_window"]}
+    assert set(named) == {"varying_head"}
+    assert named["varying_head"]["where"].startswith("tokens ") and "vary" in named["varying_head"]["where"]
+    assert "move the varying span" in named["varying_head"]["fix"]
 
 
 @pytest.mark.parametrize("length", DOCUMENT_LENGTHS)
@@ -159,8 +194,10 @@ def test_the_timestamp_moved_to_the_end_lets_the_cache_serve_and_flags_nothing(
     systems = [f"{shared} {timestamp(i)}" for i in range(CLIENTS)]
     with httpx.Client(base_url=roomy_server.url, timeout=30) as http:
         before = http.get(REPORT).json()
+        doctor = DoctorDuringTraffic(roomy_server.url)
         hits, queries = _prefix_cache_traffic(roomy_server, http, f"tail-{length}", systems, length)
         report = http.get(REPORT).json()
+        diagnosis = doctor.report()
     # Every client after the first hits the whole blocks of "<bos>system: " + the document + " ", bar at
     # most one that was admitted while the first one's last chunk was still being computed.
     whole_blocks = (HEAD_TOKENS + length + 1) // 16 * 16
@@ -173,6 +210,9 @@ def test_the_timestamp_moved_to_the_end_lets_the_cache_serve_and_flags_nothing(
         for reason, entry in report["reasons"].items()
     }
     assert new_findings == dict.fromkeys(REASONS, 0)
+    # The doctor, sampling while the clients send, flags nothing: no defeat moved in its window.
+    assert not _flag(diagnosis)["applicable"]
+    assert not [e for e in (diagnosis["prefix_report"] or {}).get("defeats", []) if e["in_window"]]
 
 
 def test_the_report_says_when_the_detector_is_off(tiny_dir: Path) -> None:
