@@ -77,10 +77,12 @@ class Forward:
                     await self._relay(answer, send)
                 group.cancel_scope.cancel()
         finally:
+            # Counted before the upstream connection closes, so whoever sees the upstream's abort sees
+            # the proxy's count too.
+            self.record.finish("completed" if self.completed else "failed", self.upstream_error)
             if answer is not None:
                 with anyio.CancelScope(shield=True):
                     await answer.response.aclose()
-            self.record.finish("completed" if self.completed else "failed", self.upstream_error)
 
     async def _relay(self, answer: UpstreamAnswer, send: Send) -> None:
         status = answer.status
