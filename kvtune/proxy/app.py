@@ -17,6 +17,7 @@ from functools import partial
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from kvtune.core.max_tokens_cap import CAP_HEADER
@@ -32,6 +33,8 @@ from kvtune.proxy.relay import Forward
 from kvtune.proxy.upstream import Upstream, UpstreamError, forwardable
 
 logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away", as the engine uses it
 
 # endpoint label -> (path, the fields that carry max_tokens)
 GENERATE_ROUTES = {
@@ -125,6 +128,9 @@ async def _generate(core: ProxyCore, endpoint: str, request: Request) -> Respons
     except RequestBodyError as err:
         record.finish("rejected")
         return err.response()
+    except ClientDisconnect:  # gone while uploading: nobody is left to answer
+        record.finish("failed")
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     except BaseException:
         record.finish("failed")
         raise

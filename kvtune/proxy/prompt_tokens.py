@@ -55,13 +55,13 @@ class PromptTokens:
     def from_model_dir(cls, model_dir: str | Path) -> PromptTokens:
         return cls(load_tokenizer(model_dir), context_length(model_dir))
 
-    def _check_length(self, text: str) -> None:
-        if self.char_limit is not None and len(text) > self.char_limit:
-            raise PromptTooLongError(f"{len(text)} characters, over the bound of {self.char_limit}")
+    def _check_length(self, chars: int) -> None:
+        if self.char_limit is not None and chars > self.char_limit:
+            raise PromptTooLongError(f"{chars} characters, over the bound of {self.char_limit}")
 
     def _completion_one(self, prompt: Any) -> list[int] | None:
         if isinstance(prompt, str):
-            self._check_length(prompt)
+            self._check_length(len(prompt))
             return self.tokenizer.encode(prompt) if prompt else None
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return list(prompt)
@@ -88,6 +88,6 @@ class PromptTokens:
         ]
         add_generation_prompt = body.get("add_generation_prompt", True) is not False
         # The messages' own text bounds the rendered prompt from below: no render of a hopeless prompt.
-        self._check_length("".join(message["content"] for message in conversation))
+        self._check_length(sum(len(message["content"]) for message in conversation))
         ids = self.tokenizer.encode_chat(conversation, add_generation_prompt)
         return [ids] if ids else []

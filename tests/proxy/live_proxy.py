@@ -30,6 +30,8 @@ class LiveProxy:
 
     def stop(self) -> None:
         self.built.server.should_exit = True
+        if self.built.admin_server is not None:
+            self.built.admin_server.should_exit = True
         self.thread.join(30)
 
 
@@ -50,8 +52,12 @@ def start_proxy(upstream: str, model_dir: Path, *flags: str) -> LiveProxy:
     port = sock.getsockname()[1]
     thread = threading.Thread(target=built.server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    servers = [built.server]
+    if built.admin_server is not None:  # --admin-port: it binds the port the flag names
+        threading.Thread(target=built.admin_server.run, daemon=True).start()
+        servers.append(built.admin_server)
     deadline = time.monotonic() + 30
-    while not built.server.started:
+    while not all(server.started for server in servers):
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the proxy did not start")
         time.sleep(0.02)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
@@ -48,7 +50,7 @@ def test_body_over_the_limit_is_a_413(client: httpx.Client) -> None:
         == "the request body is larger than the server's limit of 65536 bytes"
     )
 
-    def chunks() -> object:
+    def chunks() -> Iterator[bytes]:
         yield body[:40_000]
         yield body[40_000:]
 

@@ -3,11 +3,13 @@ the cap as default, live changes through the admin API, and the counters by mode
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
 from kvtune.core.max_tokens_cap import CAP_HEADER
-from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy
+from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, free_port, start_proxy
 from tests.server.live_server import LiveServer, Samples, scrape
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -147,3 +149,25 @@ def test_admin_api_needs_the_token(client: httpx.Client) -> None:
         assert response.headers["www-authenticate"] == "Bearer"
         assert response.json()["error"]["type"] == "authentication_error"
     assert client.get("/admin/config", headers=AUTH).json()["max_tokens_cap"] is None
+
+
+def test_admin_port_keeps_the_admin_api_off_the_main_port(
+    upstream: LiveServer, tiny_dir: Path, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(ADMIN_TOKEN)
+    admin_port = free_port()
+    live = start_proxy(
+        upstream.url, tiny_dir, "--admin-token-file", str(token_file), "--admin-port", str(admin_port)
+    )
+    try:
+        with (
+            httpx.Client(base_url=live.url, timeout=30) as main,
+            httpx.Client(base_url=f"http://127.0.0.1:{admin_port}", timeout=30) as admin,
+        ):
+            assert main.get("/admin/config", headers=AUTH).status_code == 404
+            assert set_cap(admin, max_tokens_cap=2) == {"max_tokens_cap": 2, "cap_mode": "clamp"}
+            answer = main.post("/v1/completions", json={**LONG_ANSWER, "max_tokens": 9})
+            assert answer.json()["usage"]["completion_tokens"] == 2
+    finally:
+        live.stop()

@@ -41,6 +41,7 @@ def test_every_request_is_counted_once(capped_proxy: LiveProxy, upstream: LiveSe
         chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         assert http.post("/v1/chat/completions", json=chat).status_code == 200
         assert http.get("/v1/models").status_code == 200
+        assert http.get("/admin/config").status_code == 404  # no token file: no admin API at all
         assert (
             http.post("/v1/completions", json={**PROMPT, "model": "gone", "max_tokens": 2}).status_code == 404
         )
