@@ -45,6 +45,7 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvtune doctor against vLLM's CPU build: diagnose, restart with the recommendation, replay",
     ),
     "tuner": ("kvtune.bench.tuner", "max_num_seqs tuner against a static sweep on a live engine"),
+    "prefix-defeats": ("kvtune.bench.prefix_defeats", "prefix-defeat detector: precision, recall, cost"),
 }
 
 

@@ -12,8 +12,9 @@ content-defined k-gram anchors (shared runs at any offset) and the recent start 
 
 Memory: at most `DetectorLimits.max_state_entries()` entries (the sum of the per-key caps over `max_keys` keys,
 plus the examples), and at most `DetectorLimits.max_state_bytes()` bytes, i.e. `BYTES_PER_ENTRY` (256) bytes
-per entry plus `FIXED_BYTES` (64 KiB); with the default limits that is 10,368 entries per key, 32 keys:
-331,851 entries and 85 MB at the very most (about 25 MB measured full, tests/core/test_prefix_defeats_memory.py).
+per entry plus `FIXED_BYTES` (64 KiB); with the default limits that is 24,832 entries per key, 16 keys:
+397,337 entries and 102 MB at the very most (an entry measures about 185 bytes with tracemalloc, so a full
+detector holds about 73 MB; one busy key about 4.6 MB). tests/core/test_prefix_defeats.py checks the bound.
 """
 
 from __future__ import annotations
@@ -42,17 +43,18 @@ _MAX_ANCHOR_POSITION = (1 << _POSITION_BITS) - 1
 class DetectorLimits:
     """How much the detector remembers; every cap is in entries, so the memory bound follows from them."""
 
-    max_keys: int = 32
-    max_blocks_per_key: int = 4096  # block chain hashes, salted and plain (what the cache would serve)
-    max_prefixes_per_key: int = 2048  # token-level prefix hashes of prompt heads (exact common prefix)
-    max_anchors_per_key: int = 4096  # k-gram anchors (shared runs at any offset)
-    max_runs_per_key: int = 128  # shared runs with their recent start positions
+    max_keys: int = 16
+    max_blocks_per_key: int = 8192  # block chain hashes, salted and plain (what the cache would serve)
+    max_prefixes_per_key: int = 8192  # token-level prefix hashes of prompt heads (exact common prefix)
+    max_anchors_per_key: int = 8192  # k-gram anchors (shared runs at any offset)
+    max_runs_per_key: int = 256  # shared runs with their recent start positions
     examples_per_reason: int = 5
-    head_tokens: int = 128  # tokens of each prompt's head hashed token by token (at least 2 blocks are)
+    head_tokens: int = 64  # tokens of each prompt's head hashed token by token (at least 2 blocks are)
     kgram: int = 12  # tokens per anchor k-gram
-    anchor_sample: int = 4  # beyond the head, about one position in this many is an anchor
+    anchor_sample: int = 8  # beyond the head, about one position in this many is an anchor
     min_shared_tokens: int = 32  # a shared run shorter than this (or than 2 blocks) is not worth a finding
-    shift_tolerance: int = 4  # median shift (tokens) up to which a shared run counts as "at the same place"
+    shift_tolerance: int = 8  # median shift (tokens) up to which a shared run counts as "at the same place"
+    max_varying_span: int = 32  # tokens: a longer differing span before a shared run is a preamble
     run_history: int = 5  # start positions kept per shared run, for the median shift
 
     def __post_init__(self) -> None:
@@ -373,11 +375,7 @@ class PrefixDefeatDetector:
             shared = run.end - run.start
             lost = ((span_start + shared) // b - cache_hit) * b
             if lost > 0:
-                reason = (
-                    "varying_head"
-                    if abs(self._median_shift(state, run)) <= self.limits.shift_tolerance
-                    else "misaligned"
-                )
+                reason = self._varying_or_misaligned(state, run, run.start - span_start)
                 return self._finding(
                     p, reason, lost, span_start, run.start - span_start, run.start, shared,
                     offset_shift=run.shift,
@@ -405,7 +403,7 @@ class PrefixDefeatDetector:
             hashes[pos] = h
         best: tuple[int, int, int] | None = None  # (start, last anchor, shift)
         for shift, positions in by_shift.items():
-            for start, last in _chains(positions, max_gap=4 * lim.kgram):
+            for start, last in _chains(positions, max_gap=lim.kgram + 16 * lim.anchor_sample):
                 if best is None or last - start > best[1] - best[0]:
                     best = (start, last, shift)
         if best is None:
@@ -423,6 +421,12 @@ class PrefixDefeatDetector:
             if h is not None and is_sampled_anchor(p.ids[pos], self.limits.anchor_sample):
                 return h
         return hashes[first]
+
+    def _varying_or_misaligned(self, state: _KeyState, run: _SharedRun, span_length: int) -> str:
+        """A short span (a timestamp, an id, a name) before a run that stays in place is a varying head; a
+        long one, or a run that moves between prompts, is a preamble that shifts the shared content."""
+        steady = abs(self._median_shift(state, run)) <= self.limits.shift_tolerance
+        return "varying_head" if steady and span_length <= self.limits.max_varying_span else "misaligned"
 
     def _median_shift(self, state: _KeyState, run: _SharedRun) -> int:
         """The median shift of this run's start against its recent earlier starts (then remembers this one)."""
