@@ -78,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let /kvtune/prefix-report show the text of varying spans (prompt text is user data: off by default)",
     )
     parser.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="no log line per request (vLLM's flag): a line per request costs the hot path a write",
+    )
+    parser.add_argument(
         "--max-request-body-bytes",
         type=int,
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -138,7 +143,10 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     core = build_core(args)
     app = build_proxy_app(core, admin_token=token, include_admin=args.admin_port is None)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    access_log = not args.disable_uvicorn_access_log
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=access_log)
+    )
     admin = None
     if args.admin_port is not None:
         admin_app = build_proxy_admin_app(core, token)

@@ -8,9 +8,8 @@ which describe one connection and not the message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
@@ -90,18 +89,11 @@ class UpstreamAnswer:
         return forwardable(self.response.headers.multi_items())
 
 
-def _when_sent(callback: Callable[[], object]) -> Callable[[str, dict[str, Any]], Any]:
-    """An httpcore trace hook that calls `callback` once the request body is on the wire (once only,
-    should the transport ever write it twice)."""
-    done = False
-
-    async def trace(event: str, _: dict[str, Any]) -> None:
-        nonlocal done
-        if not done and event.endswith("send_request_body.complete"):
-            done = True
-            callback()
-
-    return trace
+async def _then(body: bytes, callback: Callable[[], object]) -> AsyncIterator[bytes]:
+    """`body` as a one-chunk stream that calls `callback` once the transport has written it (the transport
+    asks for the next chunk only then). Cheaper than a transport trace hook, which fires on every event."""
+    yield body
+    callback()
 
 
 class Upstream:
@@ -129,10 +121,14 @@ class Upstream:
         """Send one request and return once the upstream's headers arrive; UpstreamError when it cannot.
         `on_sent` runs the moment the request's body has been written, before the upstream answers: work
         started there overlaps the upstream's and never delays the request."""
-        extensions = {"trace": _when_sent(on_sent)} if on_sent is not None else None
-        request = self.client.build_request(
-            method, path, headers=headers, content=content, extensions=extensions
-        )
+        if on_sent is not None and content is not None:
+            # The declared length keeps the request un-chunked, exactly as the client sent it.
+            headers = [*headers, ("content-length", str(len(content)))]
+            request = self.client.build_request(
+                method, path, headers=headers, content=_then(content, on_sent)
+            )
+        else:
+            request = self.client.build_request(method, path, headers=headers, content=content)
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TransportError as err:
