@@ -25,6 +25,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "kvtune.engine_sidecar.serve",
         "the engine server (OpenAI-compatible API, /metrics, admin API)",
     ),
+    "proxy": (
+        "kvtune.proxy.command",
+        "OpenAI-compatible proxy in front of vLLM/SGLang: max_tokens cap, prefix watch",
+    ),
     "doctor": ("kvtune.operator.doctor", "one-shot KV-cache diagnosis and the remedies in ladder order"),
     "operator": (
         "kvtune.operator.command",

@@ -1,0 +1,116 @@
+"""`GET`/`PATCH /admin/config` on the proxy: the live max_tokens cap and its mode, no restart.
+
+The same contract as the engine's admin API (kvtune/engine_sidecar/admin.py), so the operator sets the cap
+in front of vLLM or SGLang exactly as on a kvtune engine: a bearer token read from a file, no routes at all
+(404) without one, `"max_tokens_cap": null` removes the cap, unknown fields and bad values are 400s and a
+rejected patch changes nothing. The proxy has no `max_num_seqs` to offer: that one stays the upstream's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from kvtune.engine_sidecar.api_errors import error_body
+from kvtune.engine_sidecar.request_body import RequestBodyError, parse_json
+from kvtune.errors import KvtuneError
+from kvtune.proxy.cap import CapPolicy
+from kvtune.proxy.door import read_body
+
+logger = logging.getLogger(__name__)
+
+
+class ProxyAdminConfig(BaseModel):
+    max_tokens_cap: int | None
+    cap_mode: Literal["clamp", "reject"]
+
+
+class ProxyAdminConfigPatch(BaseModel):
+    """Fields absent from the body stay as they are; `"max_tokens_cap": null` removes the cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
+    cap_mode: Literal["clamp", "reject"] | None = None
+
+
+def read_token_file(path: str | Path) -> str:
+    """The admin bearer token: the file's content without surrounding whitespace (it must not be empty);
+    a warning when group or others may read it. (The engine's reader lives beside the engine, which the
+    proxy may not import.)"""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+        mode = Path(path).stat().st_mode
+    except OSError as err:
+        raise KvtuneError(f"--admin-token-file {path}: {err.strerror or err}") from err
+    if not token:
+        raise KvtuneError(f"--admin-token-file {path} is empty")
+    if mode & 0o077:
+        logger.warning(
+            "--admin-token-file %s is readable by group or others (mode %o); restrict it with `chmod 600 %s`",
+            path,
+            mode & 0o777,
+            path,
+        )
+    return token
+
+
+def build_proxy_admin_router(
+    token: str | None,
+    current: Callable[[], CapPolicy],
+    change: Callable[[CapPolicy], None],
+    max_body_bytes: int,
+) -> APIRouter:
+    """The admin routes over the live cap (`current` reads it, `change` installs a new one), or an empty
+    router when no token is configured."""
+    router = APIRouter()
+    if token is None:
+        return router
+    expected = f"Bearer {token}".encode()
+
+    def authorized(request: Request) -> bool:
+        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+
+    def unauthorized() -> JSONResponse:
+        return JSONResponse(
+            error_body(401, "a valid admin bearer token is required"),
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    def config_of(policy: CapPolicy) -> JSONResponse:
+        return JSONResponse(ProxyAdminConfig(max_tokens_cap=policy.cap, cap_mode=policy.mode).model_dump())
+
+    @router.get("/admin/config")
+    async def get_config(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized()
+        return config_of(current())
+
+    @router.patch("/admin/config")
+    async def patch_config(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return unauthorized()
+        try:
+            patch = ProxyAdminConfigPatch.model_validate(parse_json(await read_body(request, max_body_bytes)))
+        except RequestBodyError as err:
+            return err.response()
+        except (ValueError, ValidationError) as err:
+            return JSONResponse(error_body(400, f"invalid admin config: {err}"), status_code=400)
+        if "cap_mode" in patch.model_fields_set and patch.cap_mode is None:
+            return JSONResponse(error_body(400, "cap_mode cannot be null"), status_code=400)
+        before = current()
+        cap = patch.max_tokens_cap if "max_tokens_cap" in patch.model_fields_set else before.cap
+        policy = CapPolicy(cap, patch.cap_mode or before.mode)
+        change(policy)
+        logger.info("admin: max_tokens_cap=%s cap_mode=%s", policy.cap, policy.mode)
+        return config_of(policy)
+
+    return router

@@ -1,0 +1,169 @@
+"""`kvtune proxy --upstream URL --model-dir DIR`: the OpenAI-compatible pass-through in front of vLLM or
+SGLang that enforces the max_tokens cap and watches prompts for prefix-cache defeats.
+
+Flags share `kvtune serve`'s names where they mean the same thing. uvicorn runs programmatically and
+`build_proxy` returns the pieces unstarted, so tests and the benchmark run the same proxy in a thread or a
+subprocess on a socket of their choosing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import uvicorn
+
+from kvtune.core.max_tokens_cap import CAP_MODES
+from kvtune.core.prefix_defeats import PrefixDefeatDetector
+from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.errors import KvtuneError
+from kvtune.proxy.admin import read_token_file
+from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
+from kvtune.proxy.cap import CapPolicy
+from kvtune.proxy.metrics import ProxyMetrics
+from kvtune.proxy.prefix_watch import PrefixWatch
+from kvtune.proxy.prompt_tokens import PromptTokens
+from kvtune.proxy.upstream import Upstream
+
+logger = logging.getLogger("kvtune.proxy")
+
+DEFAULT_UPSTREAM_TIMEOUT_S = 600.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--upstream", required=True, metavar="URL", help="the engine's base URL (vLLM, SGLang)"
+    )
+    parser.add_argument(
+        "--model-dir",
+        required=True,
+        metavar="DIR",
+        help="the upstream model's checkpoint folder (tokenizer.json, chat template): prompts are tokenized "
+        "as the upstream tokenizes them, for the prefix-defeat detector",
+    )
+    parser.add_argument("--block-size", type=int, default=16, help="the upstream's KV block size, in tokens")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
+    parser.add_argument(
+        "--admin-port", type=int, help="serve /admin/config on this port only (default: the main port)"
+    )
+    parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
+    parser.add_argument(
+        "--cap-mode",
+        default="clamp",
+        choices=CAP_MODES,
+        help="clamp: lower max_tokens to the cap (said in the X-Kvtune-Max-Tokens header); reject: a 400",
+    )
+    parser.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=DEFAULT_UPSTREAM_TIMEOUT_S,
+        metavar="S",
+        help="seconds the upstream may stay silent (before its answer, or between streamed chunks) before "
+        "the client gets a 504; connecting gets at most 10 s",
+    )
+    parser.add_argument(
+        "--prefix-key-header",
+        metavar="NAME",
+        help="key the prefix-defeat detector by this request header (a tenant or route) instead of the model",
+    )
+    parser.add_argument(
+        "--prefix-report-text",
+        action="store_true",
+        help="let /kvtune/prefix-report show the text of varying spans (prompt text is user data: off by default)",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="larger bodies get a 413 before they are read (default: 4 MiB)",
+    )
+
+
+@dataclass
+class ProxyServer:
+    """A built proxy: its shared core and the uvicorn server(s) that run it."""
+
+    core: ProxyCore
+    server: uvicorn.Server
+    admin_server: uvicorn.Server | None = None
+
+
+def _check(args: argparse.Namespace) -> None:
+    parts = urlsplit(args.upstream)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise KvtuneError(f"--upstream must be an http:// or https:// URL, got {args.upstream!r}")
+    if not Path(args.model_dir).is_dir():
+        raise KvtuneError(f"--model-dir {args.model_dir}: no such folder")
+    if args.block_size < 1:
+        raise KvtuneError(f"--block-size must be positive, got {args.block_size}")
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+        raise KvtuneError(f"--max-tokens-cap must be positive, got {args.max_tokens_cap}")
+    if args.upstream_timeout <= 0:
+        raise KvtuneError(f"--upstream-timeout must be positive, got {args.upstream_timeout}")
+    if args.max_request_body_bytes < 1:
+        raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
+    if args.admin_port is not None:
+        if not args.admin_token_file:
+            raise KvtuneError("--admin-port needs --admin-token-file (without a token there is no admin API)")
+        if not 0 < args.admin_port < 65536 or args.admin_port == args.port:
+            raise KvtuneError(
+                f"--admin-port must be a free TCP port other than --port, got {args.admin_port}"
+            )
+
+
+def build_core(args: argparse.Namespace) -> ProxyCore:
+    """The proxy's shared state from its flags (the tokenizer loaded, the upstream client made)."""
+    _check(args)
+    detector = PrefixDefeatDetector(args.block_size, keep_span_tokens=args.prefix_report_text)
+    watch = PrefixWatch(
+        detector, PromptTokens.from_model_dir(args.model_dir), report_text=args.prefix_report_text
+    )
+    return ProxyCore(
+        upstream=Upstream(args.upstream, args.upstream_timeout),
+        watch=watch,
+        metrics=ProxyMetrics(detector),
+        policy=CapPolicy(args.max_tokens_cap, args.cap_mode),
+        prefix_key_header=args.prefix_key_header,
+        max_request_body_bytes=args.max_request_body_bytes,
+    )
+
+
+def build_proxy(args: argparse.Namespace) -> ProxyServer:
+    token = read_token_file(args.admin_token_file) if args.admin_token_file else None
+    core = build_core(args)
+    app = build_proxy_app(core, admin_token=token, include_admin=args.admin_port is None)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    admin = None
+    if args.admin_port is not None:
+        admin_app = build_proxy_admin_app(core, token)
+        admin = uvicorn.Server(
+            uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
+        )
+    return ProxyServer(core, server, admin)
+
+
+async def serve_together(*servers: uvicorn.Server) -> None:
+    """Run the servers on one event loop; when one stops (a signal, a bind failure) the others stop too."""
+    tasks = [asyncio.create_task(server.serve()) for server in servers]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    proxy = build_proxy(args)
+    logger.info("proxying http://%s:%d to %s", args.host, args.port, proxy.core.upstream.base_url)
+    if proxy.admin_server is None:
+        proxy.server.run()
+    else:
+        logger.info("admin API on http://%s:%d only", args.host, args.admin_port)
+        asyncio.run(serve_together(proxy.server, proxy.admin_server))
+    return 0

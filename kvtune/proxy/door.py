@@ -1,0 +1,48 @@
+"""The proxy's door: a request body read under the size limit and parsed once, with the engine's checks.
+
+The engine checks the size in an ASGI middleware, which answers before any route runs; the proxy reads the
+body inside its routes instead, so every refused request is still counted once in
+`kvtune:proxy_requests_total` (as `rejected`). The parsing rules (strict UTF-8, depth, surrogates) are the
+engine's own `parse_json`, so a body refused by one is refused by the other with the same message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request
+
+from kvtune.engine_sidecar.request_body import (
+    PARSE_IN_THREAD_ABOVE_BYTES,
+    RequestBodyError,
+    body_too_large,
+    parse_json,
+)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body, or a 413 as soon as it is known to pass `max_bytes` (a declared length is trusted
+    first, so an oversized upload is refused before any of it is read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise body_too_large(max_bytes)
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > max_bytes:
+            raise body_too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse_object(raw: bytes) -> dict[str, Any]:
+    """`raw` as a JSON object (a large one parsed off the event loop), or a RequestBodyError (400)."""
+    if len(raw) > PARSE_IN_THREAD_ABOVE_BYTES:
+        data = await asyncio.to_thread(parse_json, raw)
+    else:
+        data = parse_json(raw)
+    if not isinstance(data, dict):
+        raise RequestBodyError(400, "the request body must be a JSON object")
+    return data
