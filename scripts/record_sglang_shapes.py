@@ -186,11 +186,21 @@ def drive(tokenizer: Any, scheduler: Any, phase: Phase, rng: random.Random) -> N
 
 
 def scrape() -> str:
-    """What SGLang's /metrics route answers: its multiprocess directory through prometheus_client."""
+    """What SGLang's /metrics route answers: its multiprocess directory through prometheus_client. The
+    families come in the order the directory lists its files; sorted by name here so a rerun rewrites the
+    same lines (only the pid label of SGLang's per-process gauges changes)."""
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    from prometheus_client.registry import Collector
+
+    files = multiprocess.MultiProcessCollector(None)  # type: ignore[no-untyped-call]
+
+    class ByName(Collector):
+        def collect(self) -> Any:
+            families = files.collect()  # type: ignore[no-untyped-call]
+            return sorted(families, key=lambda family: family.name)
 
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    registry.register(ByName())
     return generate_latest(registry).decode()
 
 
@@ -243,7 +253,7 @@ def error_answer() -> dict[str, Any]:
     message = (  # tokenizer_manager._validate_one_request's wording
         f"The input (5000 tokens) is longer than the model's context length ({CONTEXT_LEN} tokens)."
     )
-    return rendered(OpenAIServingBase.create_error_response(None, message))  # type: ignore[arg-type]
+    return rendered(OpenAIServingBase.create_error_response(None, message))
 
 
 def usage(prompt: int, completion: int, cached: int) -> Any:
@@ -333,7 +343,7 @@ def chat_stream_answer() -> dict[str, Any]:
 
     async def drain() -> None:
         async for chunk in response.body_iterator:
-            chunks.append(chunk if isinstance(chunk, str) else chunk.decode())
+            chunks.append(chunk if isinstance(chunk, str) else bytes(chunk).decode())
 
     asyncio.run(drain())
     return {"status": response.status_code, "content_type": response.headers["content-type"],
