@@ -1,0 +1,55 @@
+"""SGLang tests run the real `kvtune proxy` (and the operator's readers) against an SGLang stand-in that
+replays what SGLang 0.5.23's own code was recorded answering (see stand_in.py and the README)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.proxy.cap import CapPolicy
+from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
+from tests.sglang.stand_in import SGLangStandIn
+
+TENANT_HEADER = "X-Tenant"
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tokenizer and chat template the proxy reads (the recorded server served this tiny model)."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture()
+def sglang() -> Iterator[SGLangStandIn]:
+    """A fresh stand-in per test: its /metrics starts at the t0 scrape and nothing has reached it."""
+    stand_in = SGLangStandIn()
+    yield stand_in
+    stand_in.stop()
+
+
+@pytest.fixture()
+def proxy(
+    sglang: SGLangStandIn, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveProxy]:
+    """`kvtune proxy` in front of the stand-in, as one would deploy it in front of SGLang: its block size is
+    SGLang's --page-size (16 in the recording), an admin token, tenants keyed by a header."""
+    token_file = tmp_path_factory.mktemp("proxy-admin") / "token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    token_file.chmod(0o600)
+    live = start_proxy(
+        sglang.url, tiny_dir, "--block-size", "16", "--admin-token-file", str(token_file),
+        "--prefix-key-header", TENANT_HEADER,
+    )  # fmt: skip
+    yield live
+    live.stop()
+
+
+@pytest.fixture()
+def client(proxy: LiveProxy) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        yield http
+    proxy.core.set_policy(CapPolicy())
