@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any
 
@@ -17,7 +18,13 @@ from kvtune.operator.ladder import Advice, plan
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
 from kvtune.operator.sample import NoData, Sample
-from kvtune.operator.sources import MetricsEndpoint, MetricSource, PrometheusSource, url_problem
+from kvtune.operator.sources import (
+    EngineWithProxy,
+    MetricsEndpoint,
+    MetricSource,
+    PrometheusSource,
+    url_problem,
+)
 from kvtune.operator.window import Window
 
 KNOB_LABELS = {
@@ -33,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--metrics-url", help="an engine's /metrics (or its base URL)")
     source.add_argument("--prometheus", metavar="URL", help="a Prometheus server's base URL")
     parser.add_argument("--selector", help='label selector for --prometheus, e.g. job="vllm"')
+    parser.add_argument(
+        "--proxy",
+        metavar="URL",
+        help="the kvtune proxy in front of the engine (its /metrics merged with --metrics-url's, its prefix report)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--window-seconds", type=float, default=10.0, help="span the samples cover")
     parser.add_argument("--samples", type=int, default=2, help="samples taken across the window (>= 2)")
@@ -164,11 +176,20 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.window_seconds < 0:
         raise KvtuneError("--samples must be >= 1 and --window-seconds >= 0")
     source: MetricSource
-    for flag, url in (("--metrics-url", args.metrics_url), ("--prometheus", args.prometheus)):
+    for flag, url in (
+        ("--metrics-url", args.metrics_url),
+        ("--prometheus", args.prometheus),
+        ("--proxy", args.proxy),
+    ):
         problem = url_problem(url) if url is not None else None
         if problem is not None:
             raise KvtuneError(f"{flag}: {problem}")
-    if args.metrics_url:
+    if args.proxy and not args.metrics_url:
+        raise KvtuneError("--proxy needs --metrics-url (the engine's); through Prometheus, select both jobs")
+    if args.metrics_url and args.proxy:
+        source = EngineWithProxy(MetricsEndpoint(args.metrics_url), MetricsEndpoint(args.proxy))
+        where = f"{args.metrics_url} + {args.proxy}"
+    elif args.metrics_url:
         source, where = MetricsEndpoint(args.metrics_url), args.metrics_url
     else:
         if not args.selector:
@@ -183,13 +204,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise KvtuneError(str(err)) from None
     samples, failure = collect(source, args.samples, args.window_seconds)
+    if isinstance(source, EngineWithProxy) and source.proxy_problem:
+        print(f"kvtune doctor: the proxy's /metrics could not be read: {source.proxy_problem}", file=sys.stderr)
     known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     engine = engine_view_from_sample(samples[-1] if samples else None, known)
     if samples:
         d = diagnose(Window.of(samples), engine)
     else:
         d = no_data(failure.reason if failure else "no sample")
-    prefix = prefix_report_section(d, args.metrics_url) if args.metrics_url and samples else None
+    # The prefix report lives on the front that tokenizes: the proxy when there is one, else the engine.
+    front = args.proxy or args.metrics_url
+    prefix = prefix_report_section(d, front) if front and samples else None
     data = report(d, engine, plan(d, engine, policy), where, prefix)
     print(json.dumps(data, indent=2) if args.json else format_text(data))
     return 1 if d.status == "no_data" else 0

@@ -237,3 +237,38 @@ def test_doctor_after_the_incident_still_says_what_the_report_holds(
         assert "Prefix-cache defeats before the window, none in it" in out
         assert "Prefix-cache defeats in the window" not in out
         assert "  varying_head: tokens 0-11 vary (a timestamp or id?)" in out
+
+
+def test_doctor_on_vllm_with_a_proxy_reads_both_and_the_proxy_report(
+    vllm_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvtune doctor --metrics-url VLLM --proxy PROXY`: vLLM's preemptions and the proxy's defeats in one
+    diagnosis, and the span positions from the proxy's prefix report (vLLM has none)."""
+    proxy = {
+        "/metrics": [
+            metrics_answer(fixture_text("proxy_defeats_t0.prom")),
+            metrics_answer(fixture_text("proxy_defeats_t1.prom")),
+        ],
+        "/kvtune/prefix-report": [(200, "application/json", REPORT)],
+    }
+    for proxy_url in serve_routes(proxy):
+        report = json.loads(doctor(["--metrics-url", vllm_url, "--proxy", proxy_url, "--json"], capsys))
+        assert report["findings"]["preemptions"] == 49
+        assert report["prefix_report"]["url"] == proxy_url + "/kvtune/prefix-report"
+        assert report["prefix_report"]["defeats"][0]["reason"] == "varying_head"
+        flag = report["remedies"][2]
+        assert flag["applicable"] and "varying_head" in flag["recommended"]
+
+
+def test_doctor_proxy_flag_needs_the_engine_url(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "doctor",
+        "--prometheus",
+        "http://127.0.0.1:9",
+        "--selector",
+        "job=x",
+        "--proxy",
+        "http://127.0.0.1:9",
+    ]
+    assert main(argv) == 2
+    assert "--proxy needs --metrics-url" in capsys.readouterr().err
