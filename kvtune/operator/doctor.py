@@ -205,7 +205,9 @@ def run(args: argparse.Namespace) -> int:
         raise KvtuneError(str(err)) from None
     samples, failure = collect(source, args.samples, args.window_seconds)
     if isinstance(source, EngineWithProxy) and source.proxy_problem:
-        print(f"kvtune doctor: the proxy's /metrics could not be read: {source.proxy_problem}", file=sys.stderr)
+        print(
+            f"kvtune doctor: the proxy's /metrics could not be read: {source.proxy_problem}", file=sys.stderr
+        )
     known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     engine = engine_view_from_sample(samples[-1] if samples else None, known)
     if samples:

@@ -16,6 +16,7 @@ class Kind(Enum):
     COUNTER = "counter"
     HISTOGRAM = "histogram"
     INFO = "info"
+    CONFIG = "config"  # a gauge whose value is a setting (SGLang's page size): read into cache_config
 
 
 class Merge(Enum):
@@ -100,6 +101,14 @@ NAME_MAP: dict[str, Canonical] = {
     "sglang:prompt_tokens_total": Canonical(PROMPT_TOKENS, _C),
     "sglang:generation_tokens_total": Canonical(GENERATION_TOKENS, _C),
     "sglang:cache_config_info": Canonical(CACHE_CONFIG, Kind.INFO),
+    # SGLang 0.5 exports its pool as plain gauges rather than an info series
+    "sglang:max_total_num_tokens": Canonical("kv_cache_size_tokens", Kind.CONFIG),
+    "sglang:page_size": Canonical("block_size", Kind.CONFIG),
+    "sglang:num_pages": Canonical("num_blocks", Kind.CONFIG),
+    "sglang:context_len": Canonical("max_model_len", Kind.CONFIG),
+    # its buckets are coarse (100, 300, 500, ...), so a p95 read from them runs high, as from vLLM's
+    "sglang:prompt_tokens_histogram": Canonical(REQUEST_PROMPT_TOKENS, _H),
+    "sglang:generation_tokens_histogram": Canonical(REQUEST_GENERATION_TOKENS, _H),
     # kvtune's own (what vLLM lacks)
     "kvtune:kv_effective_utilization": Canonical(KV_EFFECTIVE, _G, Merge.MAX),
     "kvtune:max_num_seqs": Canonical(MAX_NUM_SEQS, _G, Merge.MAX),

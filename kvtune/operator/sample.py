@@ -58,6 +58,8 @@ def value_problem(entry: Canonical, part: str, value: float) -> str | None:
         return f"{'+' if value > 0 else '-'}Inf"
     if entry.kind is Kind.INFO:
         return None
+    if entry.kind is Kind.CONFIG:
+        return None if value >= 0 else f"negative ({value:g})"
     if value < 0 and (entry.kind is not Kind.HISTOGRAM or part != "_sum"):
         return f"negative ({value:g})"
     if entry.kind is Kind.GAUGE and entry.name in RATIO_GAUGES and value > 1:
@@ -103,6 +105,8 @@ def sample_from_series(series: Iterable[Series], timestamp: float, source: str) 
                 canonical = CACHE_CONFIG_LABELS.get(label)
                 if canonical is not None:
                     cache_config.setdefault(canonical, label_value)
+        elif entry.kind is Kind.CONFIG:
+            cache_config.setdefault(entry.name, f"{value:g}" if value != int(value) else str(int(value)))
         elif entry.kind is Kind.HISTOGRAM:
             exposed.setdefault(key, name.removesuffix(part))
             if part == "_bucket":

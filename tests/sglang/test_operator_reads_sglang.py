@@ -139,22 +139,11 @@ def test_with_a_proxy_in_front_the_prefix_defeat_is_flagged(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang 0.5.23 exports no sglang:cache_config_info (the name metric_names maps); its pool and "
-    "page size are the gauges sglang:max_total_num_tokens, sglang:page_size, sglang:num_pages and "
-    "sglang:context_len, which metric_names does not read yet",
-)
 def test_the_pool_and_page_size_are_read_from_sglang() -> None:
     view = engine_view_from_sample(recorded(T1, 1010.0))
     assert (view.pool_tokens, view.block_size, view.max_model_len) == (8192, 16, 4096)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="metric_names does not map sglang:generation_tokens_histogram / sglang:prompt_tokens_histogram, "
-    "so the cap rung finds no generation-length distribution on SGLang",
-)
 def test_the_generation_lengths_are_read_from_sglang() -> None:
     sample = recorded(T1, 1010.0)
     assert m.REQUEST_GENERATION_TOKENS in sample.histograms and m.REQUEST_PROMPT_TOKENS in sample.histograms
