@@ -10,6 +10,12 @@ numbers on the three things a user would feel, against the same upstream, direct
 - streamed chunks: every request's count of SSE events, direct and proxied, must be equal (the proxy never
   buffers, merges or splits a stream).
 
+Then the closed loop the proxy exists for: 64 chat clients share a 2,000-token system prompt with a
+timestamp at its head, sent through the proxy; the upstream's own prefix-cache counters give the hit rate,
+and `kvtune doctor --metrics-url UPSTREAM --proxy PROXY`, sampling during the traffic, must name
+`varying_head` and where the varying span lies. The same prompts with the timestamp moved to the end must
+hit above 90% with nothing flagged.
+
 The upstream is vLLM's CPU build by default (the peer harness, tiny model); `--upstream URL` measures in
 front of any running OpenAI-compatible server instead (then `--model-dir` must be its checkpoint).
 """
@@ -23,18 +29,22 @@ import datetime
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from kvtune.bench.engine import SERVED_MODEL_NAME, KvtuneServer, default_model_dir, ensure_model
 from kvtune.bench.load import BatchSpec, batch_bodies
 from kvtune.bench.local_http import free_port
+from kvtune.bench.scrape import metric_totals
 from kvtune.errors import KvtuneError
+from kvtune.operator.prefix_report import entry_line
 
 SECTION = "proxy-vs-direct"
 DIRECT, PROXY = "direct", "proxy"
@@ -53,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-pairs", type=int, default=60, help="one-at-a-time requests per side for TTFT")
     parser.add_argument("--block-size", type=int, default=32, help="the upstream's KV block size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop-clients", type=int, default=64, help="closed loop: chat clients per phase")
+    parser.add_argument("--loop-prompt-chars", type=int, default=2000, help="closed loop: the shared prompt")
     parser.add_argument("--venv", type=Path, help="vLLM's venv (default: .venv-vllm in the repository)")
     parser.add_argument("--log-dir", type=Path, help="server logs (default: beside the checkpoint)")
     parser.add_argument("--boot-timeout", type=float, default=600.0)
@@ -168,6 +180,126 @@ async def ttft_pairs(direct_url: str, proxy_url: str, pairs: int, seed: int) -> 
             out.direct.append(times[DIRECT])
             out.proxy.append(times[PROXY])
     return out
+
+
+# --- the closed loop: a timestamp at the head of a shared system prompt -----------------------------------
+@dataclass(frozen=True)
+class LoopPhase:
+    """One phase of the closed loop: where the timestamp sits, what the upstream's cache did, what was found."""
+
+    layout: str  # "timestamp at the head" / "timestamp at the end"
+    hit_rate: float  # the upstream's prefix-cache hits / queries over the phase (its own counters)
+    findings: dict[str, int]  # new defeats by reason in the proxy's report
+    doctor_flags: bool  # kvtune doctor's flag_prefix_defeat was applicable
+    doctor_lines: tuple[str, ...]  # its prefix-report lines for the reasons that moved in its window
+
+
+def shared_document(seed: int, chars: int) -> str:
+    """Deterministic prose-like text of `chars` characters (one token per character on the tiny model)."""
+    words = ("cache", "block", "prefix", "token", "tenant", "policy", "engine", "request", "memory", "shared")
+    rng = random.Random(seed)
+    text = ""
+    while len(text) < chars:
+        text += rng.choice(words) + " "
+    return text[:chars]
+
+
+def stamp(client: int) -> str:
+    """A per-request timestamp and id, the kind chat front ends put in a system prompt."""
+    return f"[2026-12-01T14:{client // 60:02d}:{client % 60:02d}.{client * 7919 % 1000000:06d}Z req-{client:04d}]"
+
+
+def prefix_counters(metrics_text: str) -> tuple[float, float]:
+    """(hits, queries) of vLLM's prefix-cache token counters in one scrape."""
+    totals = metric_totals(metrics_text)
+    return totals.get("vllm:prefix_cache_hits_total", 0.0), totals.get("vllm:prefix_cache_queries_total", 0.0)
+
+
+def new_defeats(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Defeats by reason that a prefix report gained between two reads."""
+
+    def counts(report: dict[str, Any]) -> dict[str, int]:
+        reasons = report.get("reasons")
+        if not isinstance(reasons, dict):
+            return {}
+        return {reason: int(entry.get("defeats", 0)) for reason, entry in reasons.items()}
+
+    old = counts(before)
+    grown = {reason: n - old.get(reason, 0) for reason, n in counts(after).items()}
+    return {reason: n for reason, n in grown.items() if n}
+
+
+async def loop_phase(
+    direct: str, proxy: str, layout: str, systems: Sequence[str], window_s: float
+) -> LoopPhase:
+    """Every client's chat sent once through the proxy, all at once, with kvtune doctor sampling meanwhile."""
+    doctor = subprocess.Popen(
+        [sys.executable, "-m", "kvtune.cli", "doctor", "--metrics-url", direct, "--proxy", proxy, "--json",
+         "--window-seconds", str(window_s), "--samples", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    await asyncio.sleep(2.5)  # its imports and first scrape: the window then spans the clients' requests
+    limits = httpx.Limits(max_connections=len(systems) + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0), limits=limits) as client:
+        before_metrics = (await client.get(f"{direct}/metrics")).text
+        before_report = (await client.get(f"{proxy}/kvtune/prefix-report")).json()
+
+        async def one(system: str) -> None:
+            body = {
+                "model": SERVED_MODEL_NAME,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+                "max_tokens": 1,
+                "temperature": 0.0,
+            }
+            response = await client.post(f"{proxy}/v1/chat/completions", json=body)
+            if response.status_code != 200:
+                raise KvtuneError(f"closed loop: HTTP {response.status_code}: {response.text[:200]}")
+
+        await asyncio.gather(*(one(system) for system in systems))
+        await asyncio.sleep(1.0)  # the proxy's detector runs off the request path: let it catch up
+        after_metrics = (await client.get(f"{direct}/metrics")).text
+        after_report = (await client.get(f"{proxy}/kvtune/prefix-report")).json()
+    out, err = await asyncio.to_thread(doctor.communicate, timeout=300)
+    if doctor.returncode != 0:
+        raise KvtuneError(f"kvtune doctor failed during the closed loop: {err[-500:]}")
+    diagnosis = json.loads(out)
+    hits0, queries0 = prefix_counters(before_metrics)
+    hits1, queries1 = prefix_counters(after_metrics)
+    flag = next(r for r in diagnosis["remedies"] if r["remedy"] == "flag_prefix_defeat")
+    moved = [e for e in (diagnosis.get("prefix_report") or {}).get("defeats", []) if e["in_window"]]
+    return LoopPhase(
+        layout=layout,
+        hit_rate=(hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else 0.0,
+        findings=new_defeats(before_report, after_report),
+        doctor_flags=bool(flag["applicable"]),
+        doctor_lines=tuple(entry_line(e) for e in moved),
+    )
+
+
+async def closed_loop(direct: str, proxy: str, clients: int, chars: int, seed: int) -> list[LoopPhase]:
+    """Two phases on different documents, so the second cannot reuse the first's blocks."""
+    head_doc, tail_doc = shared_document(seed, chars), shared_document(seed + 1, chars)
+    head = [f"{stamp(i)} {head_doc}" for i in range(clients)]
+    tail = [f"{tail_doc} {stamp(i)}" for i in range(clients)]
+    return [
+        await loop_phase(direct, proxy, "timestamp at the head", head, window_s=6.0),
+        await loop_phase(direct, proxy, "timestamp at the end", tail, window_s=6.0),
+    ]
+
+
+def format_loop(phases: Sequence[LoopPhase], clients: int, chars: int) -> str:
+    lines = [
+        f"Closed loop through the proxy: {clients} chat clients at once, a {chars:,}-token shared system prompt.",
+        "",
+        "| layout | upstream prefix-cache hit rate | proxy's findings | kvtune doctor flags a defeat |",
+        "|---|---:|---|---|",
+    ]
+    for phase in phases:
+        found = ", ".join(f"{reason} x{n}" for reason, n in sorted(phase.findings.items())) or "none"
+        flags = "yes" if phase.doctor_flags else "no"
+        lines.append(f"| {phase.layout} | {phase.hit_rate:.1%} | {found} | {flags} |")
+    lines += [f"\nkvtune doctor ({p.layout}): `{line}`" for p in phases for line in p.doctor_lines]
+    return "\n".join(lines)
 
 
 # --- the summary (pure) ------------------------------------------------------------------------------------
@@ -337,10 +469,16 @@ def run(args: argparse.Namespace) -> int:
         ) as proxy,
     ):
         rounds, ttft = asyncio.run(_measure(upstream, proxy, args))
+        phases = asyncio.run(
+            closed_loop(upstream, proxy, args.loop_clients, args.loop_prompt_chars, args.seed)
+        )
     summary = summarize(rounds, ttft)
+    loop = format_loop(phases, args.loop_clients, args.loop_prompt_chars)
     print(format_table(summary))
+    print(loop)
     if not args.no_record:
         section = format_section(summary, args, machine_description(), git_revision(), description)
+        section += "\n\n" + loop
         record_section(SECTION, section, args.output)
         print(f"recorded in {args.output}", file=sys.stderr)
     return 0
