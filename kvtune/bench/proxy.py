@@ -65,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-clients", type=int, default=64, help="closed loop: chat clients per phase")
     parser.add_argument("--loop-prompt-chars", type=int, default=2000, help="closed loop: the shared prompt")
+    parser.add_argument(
+        "--loop-window", type=float, default=6.0, help="closed loop: kvtune doctor's window, s"
+    )
     parser.add_argument("--venv", type=Path, help="vLLM's venv (default: .venv-vllm in the repository)")
     parser.add_argument("--log-dir", type=Path, help="server logs (default: beside the checkpoint)")
     parser.add_argument("--boot-timeout", type=float, default=600.0)
@@ -276,14 +279,16 @@ async def loop_phase(
     )
 
 
-async def closed_loop(direct: str, proxy: str, clients: int, chars: int, seed: int) -> list[LoopPhase]:
+async def closed_loop(
+    direct: str, proxy: str, clients: int, chars: int, seed: int, window_s: float = 6.0
+) -> list[LoopPhase]:
     """Two phases on different documents, so the second cannot reuse the first's blocks."""
     head_doc, tail_doc = shared_document(seed, chars), shared_document(seed + 1, chars)
     head = [f"{stamp(i)} {head_doc}" for i in range(clients)]
     tail = [f"{tail_doc} {stamp(i)}" for i in range(clients)]
     return [
-        await loop_phase(direct, proxy, "timestamp at the head", head, window_s=6.0),
-        await loop_phase(direct, proxy, "timestamp at the end", tail, window_s=6.0),
+        await loop_phase(direct, proxy, "timestamp at the head", head, window_s),
+        await loop_phase(direct, proxy, "timestamp at the end", tail, window_s),
     ]
 
 
@@ -470,7 +475,9 @@ def run(args: argparse.Namespace) -> int:
     ):
         rounds, ttft = asyncio.run(_measure(upstream, proxy, args))
         phases = asyncio.run(
-            closed_loop(upstream, proxy, args.loop_clients, args.loop_prompt_chars, args.seed)
+            closed_loop(
+                upstream, proxy, args.loop_clients, args.loop_prompt_chars, args.seed, args.loop_window
+            )
         )
     summary = summarize(rounds, ttft)
     loop = format_loop(phases, args.loop_clients, args.loop_prompt_chars)

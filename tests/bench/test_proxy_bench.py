@@ -1,9 +1,25 @@
 """The proxy bench's arithmetic: ABBA order, medians, the chunk check, and the table's verdicts."""
 
+from pathlib import Path
+
 import pytest
 
-from kvtune.bench.proxy import DIRECT, PROXY, RoundResult, TtftPairs, abba, format_table, summarize
+from kvtune.bench.engine_process import write_tiny_model
+from kvtune.bench.proxy import (
+    DIRECT,
+    PROXY,
+    RoundResult,
+    TtftPairs,
+    abba,
+    format_table,
+    new_defeats,
+    shared_document,
+    stamp,
+    summarize,
+)
+from kvtune.cli import main
 from kvtune.errors import KvtuneError
+from tests.server.live_server import start_server
 
 
 def test_abba_alternates_and_balances() -> None:
@@ -41,3 +57,50 @@ def test_a_side_without_results_is_an_error() -> None:
         summarize([RoundResult(DIRECT, 1.0, (), 0)], TtftPairs([0.1], [0.1]))
     with pytest.raises(KvtuneError, match="time-to-first-token"):
         summarize(_rounds([1.0], [1.0]), TtftPairs([], [0.1]))
+
+
+def test_new_defeats_counts_what_the_report_gained() -> None:
+    before = {"reasons": {"varying_head": {"defeats": 3}, "salted": {"defeats": 1}}}
+    after = {
+        "reasons": {"varying_head": {"defeats": 10}, "salted": {"defeats": 1}, "misaligned": {"defeats": 2}}
+    }
+    assert new_defeats(before, after) == {"varying_head": 7, "misaligned": 2}
+    assert new_defeats({}, {"enabled": False}) == {}
+
+
+def test_the_timestamp_is_unique_per_client_and_the_document_fixed() -> None:
+    assert len({stamp(i) for i in range(64)}) == 64
+    assert shared_document(3, 500) == shared_document(3, 500) != shared_document(4, 500)
+    assert len(shared_document(3, 500)) == 500
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_bench_proxy_in_front_of_kvtune_serve(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole harness at a small size: a real kvtune serve as the upstream, a real kvtune proxy process,
+    kvtune doctor sampling each closed-loop phase."""
+    # Block 32, as vLLM's CPU build uses: the tiny tokenizer is byte-level, so the chat template's
+    # "<bos>system: " alone is 9 tokens, which a 16-token block would rightly call a too-short shared prefix.
+    upstream = start_server(
+        tiny_model, "--kv-cache-tokens", "8192", "--block-size", "32", "--log-stats-interval", "0"
+    )
+    try:
+        argv = [
+            "bench", "proxy", "--upstream", upstream.url, "--model-dir", str(tiny_model), "--block-size", "32",
+            "--rounds", "1", "--num-requests", "4", "--concurrency", "2", "--prompt-tokens", "20", "40",
+            "--output-tokens", "4", "8", "--ttft-pairs", "3", "--loop-clients", "6",
+            "--loop-prompt-chars", "300", "--loop-window", "3", "--no-record",
+        ]  # fmt: skip
+        assert main(argv) == 0
+    finally:
+        upstream.stop()
+    out = capsys.readouterr().out
+    assert "| throughput, tokens/s (median of rounds) |" in out and "0 failed requests" in out
+    assert "request by request equal: yes" in out  # kvtune serve streams one event per token
+    head, tail = [line for line in out.splitlines() if line.startswith("| timestamp at the")]
+    assert "varying_head x5" in head and head.endswith("| yes |")
+    assert "| none |" in tail and tail.endswith("| no |")
+    assert "kvtune doctor (timestamp at the head): `varying_head: tokens" in out
