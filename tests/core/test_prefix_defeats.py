@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtune.bench.proxy import shared_document
 from kvtune.core.prefix_defeats import REASONS, DetectorLimits, PrefixDefeatDetector, fix_for
 
 HEADER = [32001, 32002, 32003, 32004, 32005]  # a 5-token chat-template header
@@ -191,28 +192,6 @@ def test_a_full_detector_stays_under_the_stated_byte_bound() -> None:
     assert held <= MEMORY_LIMITS.max_state_bytes()
 
 
-def ten_word_text(seed: int, chars: int) -> str:
-    """Low-entropy prose (ten words at random), as a byte-level tokenizer sees it: one token per byte, so
-    short k-grams recur all over the text and line up by chance between unrelated documents."""
-    vocabulary = (
-        "cache",
-        "block",
-        "prefix",
-        "token",
-        "tenant",
-        "policy",
-        "engine",
-        "request",
-        "memory",
-        "shared",
-    )
-    rng = random.Random(seed)
-    text = ""
-    while len(text) < chars:
-        text += rng.choice(vocabulary) + " "
-    return text[:chars]
-
-
 def byte_ids(text: str) -> list[int]:
     return [1, *text.encode()]
 
@@ -221,7 +200,7 @@ def test_repetitive_text_lining_up_by_chance_is_not_a_shared_run() -> None:
     """A document seen with a timestamp at its head, then another document (same ten words) with the
     timestamp at its end: the second shares nothing with the first, however many 12-grams recur."""
     detector = PrefixDefeatDetector(32)
-    first, second = ten_word_text(0, 2000), ten_word_text(1, 2000)
+    first, second = shared_document(0, 2000), shared_document(1, 2000)
     heads = [detector.observe("chat", byte_ids(f"[14:00:{i:02d} req-{i:04d}] {first}")) for i in range(8)]
     assert [f.reason if f else None for f in heads] == [None] + ["varying_head"] * 7
     tails = [detector.observe("chat", byte_ids(f"{second} [14:00:{i:02d} req-{i:04d}]")) for i in range(8)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kvtune.bench.proxy import shared_document, stamp
 from kvtune.core.prefix_defeats import REASONS
 from tests.server.live_server import LiveServer, Samples, scrape, start_server, total
 
@@ -51,19 +51,6 @@ def roomy_server(tiny_dir: Path) -> Iterator[LiveServer]:
     )  # fmt: skip
     yield live
     live.stop()
-
-
-def document(seed: int, length: int) -> str:
-    words = ["cache", "block", "prefix", "token", "tenant", "policy", "engine", "request", "memory", "shared"]
-    rng = random.Random(seed)
-    text = ""
-    while len(text) < length:
-        text += rng.choice(words) + " "
-    return text[:length]
-
-
-def timestamp(client: int) -> str:
-    return f"[2026-12-01T14:{client // 60:02d}:{client % 60:02d}.{client * 7919 % 1000000:06d}Z req-{client:04d}]"
 
 
 async def _send_all(url: str, tenant: str, systems: list[str]) -> None:
@@ -147,8 +134,8 @@ def test_the_report_and_the_counters_start_empty_with_every_reason(roomy_server:
 def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
     roomy_server: LiveServer, length: int
 ) -> None:
-    shared = document(length, length)
-    systems = [f"{timestamp(i)} {shared}" for i in range(CLIENTS)]
+    shared = shared_document(length, length)
+    systems = [f"{stamp(i)} {shared}" for i in range(CLIENTS)]
     with httpx.Client(base_url=roomy_server.url, timeout=30) as http:
         before = http.get(REPORT).json()
         doctor = DoctorDuringTraffic(roomy_server.url)
@@ -168,7 +155,7 @@ def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
     example: dict[str, Any] = head["examples"][-1]
     # The varying span lies in the head: after "<bos>system: " and within the timestamp; then the document.
     span_end = example["span_start"] + example["span_length"]
-    head_end = HEAD_TOKENS + len(timestamp(0)) + 1
+    head_end = HEAD_TOKENS + len(stamp(0)) + 1
     assert 0 < example["span_start"] < span_end <= example["shared_start"] <= head_end
     assert example["shared_length"] >= length - 16
     assert "req-" in example["text"]  # --prefix-report-text: the span decoded
@@ -190,8 +177,8 @@ def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
 def test_the_timestamp_moved_to_the_end_lets_the_cache_serve_and_flags_nothing(
     roomy_server: LiveServer, length: int
 ) -> None:
-    shared = document(length + 1, length)
-    systems = [f"{shared} {timestamp(i)}" for i in range(CLIENTS)]
+    shared = shared_document(length + 1, length)
+    systems = [f"{shared} {stamp(i)}" for i in range(CLIENTS)]
     with httpx.Client(base_url=roomy_server.url, timeout=30) as http:
         before = http.get(REPORT).json()
         doctor = DoctorDuringTraffic(roomy_server.url)
