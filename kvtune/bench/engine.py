@@ -194,6 +194,7 @@ class RunResult:
     load_before: float
     load_after: float
     boot_s: float
+    detector_seconds: float | None = None  # kvtune's prefix-defeat detector, during the batch
 
 
 @dataclass
@@ -241,6 +242,12 @@ def format_table(summary: Summary) -> str:
         f"| preemptions per run | {_side_preemptions(summary, KVTUNE)} | {_side_preemptions(summary, VLLM)} |",
         f"| **kvtune / vLLM** | **{summary.ratio:.2f}×** | |",
     ]
+    watched = [(r.detector_seconds, r.duration_s) for r in summary.runs if r.detector_seconds is not None]
+    if watched:
+        shares = ", ".join(
+            f"{spent:.3f} s of {duration:,.1f} s ({spent / duration:.3%})" for spent, duration in watched
+        )
+        lines += ["", f"kvtune's prefix-defeat detector, time spent judging prompts per run: {shares}."]
     return "\n".join(lines)
 
 
@@ -424,6 +431,7 @@ def _result(
         duration_s=result.duration_s,
         tokens_per_s=result.generated_tokens_per_s,
         preemptions=result.preemptions,
+        detector_seconds=result.detector_seconds,
         load_before=before,
         load_after=after,
         boot_s=boot_s,

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvtune.bench.scrape import preemption_delta, scrape_totals
+from kvtune.bench.scrape import DETECTOR_SECONDS_METRIC, counter_delta, preemption_delta, scrape_totals
 
 Body = dict[str, Any]
 _ERROR_CHARS = 200
@@ -149,6 +149,8 @@ class LoadResult:
     generated_tokens_per_s: float
     preemptions: float | None
     first_error: str | None
+    # time kvtune's prefix-defeat detector spent during the batch (None: a server without one)
+    detector_seconds: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -178,6 +180,7 @@ async def run_batch(url: str, model: str, spec: BatchSpec) -> LoadResult:
         generated_tokens_per_s=round(generated / duration, 2) if duration > 0 else 0.0,
         preemptions=preemption_delta(before, after),
         first_error=errors[0] if errors else None,
+        detector_seconds=counter_delta(before, after, DETECTOR_SECONDS_METRIC),
     )
 
 

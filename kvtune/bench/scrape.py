@@ -46,3 +46,13 @@ def preemption_delta(before: dict[str, float] | None, after: dict[str, float] | 
         return None
     last = preemptions(after)
     return None if last is None else last - (preemptions(before) or 0.0)
+
+
+DETECTOR_SECONDS_METRIC = "kvtune:prefix_detector_seconds_total"
+
+
+def counter_delta(before: dict[str, float] | None, after: dict[str, float] | None, name: str) -> float | None:
+    """How much one counter grew between two scrapes; None when either scrape failed or lacks it."""
+    if before is None or after is None or name not in after:
+        return None
+    return after[name] - before.get(name, 0.0)

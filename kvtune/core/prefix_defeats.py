@@ -258,6 +258,7 @@ class PrefixDefeatDetector:
             reason: deque(maxlen=self.limits.examples_per_reason) for reason in REASONS
         }
         self.observed = 0
+        self.observe_seconds = 0.0  # wall time spent in observe, cumulative
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -273,6 +274,7 @@ class PrefixDefeatDetector:
 
         cached_tokens: the engine's actual prefix-cache hit for this prompt (engine only; enables `evicted`).
         The proxy passes None."""
+        started = time.perf_counter()
         prompt = self._fingerprint(token_ids, cache_salt)
         with self._lock:
             self.observed += 1
@@ -284,6 +286,9 @@ class PrefixDefeatDetector:
                 self._counts[finding.reason][0] += 1
                 self._counts[finding.reason][1] += finding.tokens_lost
                 self._examples[finding.reason].append(finding)
+            # Its own cost, exported by the fronts: what the detector takes from the engine is measured
+            # where it runs, not inferred from a throughput A/B whose noise is larger than the cost.
+            self.observe_seconds += time.perf_counter() - started
             return finding
 
     def counts(self) -> dict[str, tuple[int, int]]:
@@ -311,6 +316,7 @@ class PrefixDefeatDetector:
             return {
                 "block_size": self.block_size,
                 "observed": self.observed,
+                "observe_seconds": round(self.observe_seconds, 6),
                 "keys": len(self._keys),
                 "limits": self.limits.to_json(),
                 "reasons": reasons,

@@ -19,6 +19,7 @@ from kvtune.core.prefix_defeats import PrefixDefeatDetector
 
 DEFEATS_METRIC = "kvtune:prefix_defeats"  # exposed as kvtune:prefix_defeats_total{reason}
 DEFEAT_TOKENS_METRIC = "kvtune:prefix_defeat_tokens"  # exposed as kvtune:prefix_defeat_tokens_total{reason}
+DETECTOR_SECONDS_METRIC = "kvtune:prefix_detector_seconds"  # exposed as kvtune:prefix_detector_seconds_total
 REPORT_PATH = "/kvtune/prefix-report"
 
 
@@ -67,5 +68,12 @@ class PrefixDefeatCollector(Collector):
         for reason, (count, lost) in self.detector.counts().items():
             defeats.add_metric([*self.label_values, reason], count)
             tokens.add_metric([*self.label_values, reason], lost)
+        seconds = CounterMetricFamily(
+            DETECTOR_SECONDS_METRIC,
+            "Time the prefix-defeat detector spent judging prompts (its cost to the engine).",
+            labels=self.label_names[:-1],
+        )
+        seconds.add_metric(self.label_values, self.detector.observe_seconds)
         yield defeats
         yield tokens
+        yield seconds

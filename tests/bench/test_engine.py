@@ -187,3 +187,11 @@ def test_runs_round_trip_through_json(tmp_path: Path) -> None:
     path.write_text("[{}]")
     with pytest.raises(KvtuneError):
         bench_engine.load_runs(path)
+
+
+def test_the_detectors_own_time_shows_as_a_share_of_each_kvtune_run() -> None:
+    run = _run(1, KVTUNE, 900.0)
+    watched = RunResult(**{**run.__dict__, "detector_seconds": 0.0533})
+    table = format_table(Summary([watched, _run(2, VLLM, 1000.0)]))
+    assert "time spent judging prompts per run: 0.053 s of 106.7 s (0.050%)." in table
+    assert "judging prompts" not in format_table(Summary([run, _run(2, VLLM, 1000.0)]))

@@ -141,7 +141,8 @@ def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
         doctor = DoctorDuringTraffic(roomy_server.url)
         hits, queries = _prefix_cache_traffic(roomy_server, http, f"head-{length}", systems, length)
         report = http.get(REPORT).json()
-        defeats = _defeats(scrape(http))
+        samples = scrape(http)
+        defeats = _defeats(samples)
         diagnosis = doctor.report()
     # At most the first block hits: "<bos>system: " and the timestamps' common "[2026-1" fill it.
     assert hits <= CLIENTS * 16 and hits / queries < 0.03
@@ -150,6 +151,9 @@ def test_a_timestamp_at_the_head_defeats_the_cache_and_is_named(
     new_defeats = head["defeats"] - before["reasons"]["varying_head"]["defeats"]
     assert new_defeats == CLIENTS - 1  # every client after the first shares the document with an earlier one
     assert defeats["varying_head"] == head["defeats"]
+    # the detector's own time, exported so its cost to the engine is measured where it runs
+    ((_, spent),) = samples["kvtune:prefix_detector_seconds_total"]
+    assert 0 < spent < 60 and report["observe_seconds"] == pytest.approx(spent, abs=0.01)
     lost = head["tokens_lost"] - before["reasons"]["varying_head"]["tokens_lost"]
     assert lost >= (CLIENTS - 1) * (length - 2 * 16)
     example: dict[str, Any] = head["examples"][-1]
