@@ -8,10 +8,12 @@ which describe one connection and not the message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
+
+from kvtune.proxy.fast_transport import ON_WRITTEN, FastTransport
 
 # RFC 9110 section 7.6.1, plus host, which names the proxy and not the upstream.
 HOP_BY_HOP = frozenset(
@@ -89,13 +91,6 @@ class UpstreamAnswer:
         return forwardable(self.response.headers.multi_items())
 
 
-async def _then(body: bytes, callback: Callable[[], object]) -> AsyncIterator[bytes]:
-    """`body` as a one-chunk stream that calls `callback` once the transport has written it (the transport
-    asks for the next chunk only then). Cheaper than a transport trace hook, which fires on every event."""
-    yield body
-    callback()
-
-
 class Upstream:
     """One upstream base URL and the keep-alive client that talks to it."""
 
@@ -103,11 +98,13 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, MAX_CONNECT_TIMEOUT_S))
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         # No default headers of httpx's own (its Accept-Encoding would ask for a compression the client
         # never asked for): the client's headers go through as they are.
         self.client = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, limits=limits, headers={"accept-encoding": "identity"}
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=FastTransport(max_connections),
+            headers={"accept-encoding": "identity"},
         )
 
     async def open(
@@ -121,14 +118,10 @@ class Upstream:
         """Send one request and return once the upstream's headers arrive; UpstreamError when it cannot.
         `on_sent` runs the moment the request's body has been written, before the upstream answers: work
         started there overlaps the upstream's and never delays the request."""
-        if on_sent is not None and content is not None:
-            # The declared length keeps the request un-chunked, exactly as the client sent it.
-            headers = [*headers, ("content-length", str(len(content)))]
-            request = self.client.build_request(
-                method, path, headers=headers, content=_then(content, on_sent)
-            )
-        else:
-            request = self.client.build_request(method, path, headers=headers, content=content)
+        extensions = {ON_WRITTEN: on_sent} if on_sent is not None else None
+        request = self.client.build_request(
+            method, path, headers=headers, content=content, extensions=extensions
+        )
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TransportError as err:
