@@ -167,6 +167,8 @@ async def serve_together(*servers: uvicorn.Server) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    # httpx logs every upstream request at INFO: a formatted line per request on the hot path.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     proxy = build_proxy(args)
     logger.info("proxying http://%s:%d to %s", args.host, args.port, proxy.core.upstream.base_url)
     if proxy.admin_server is None:
