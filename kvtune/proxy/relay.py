@@ -58,6 +58,7 @@ class Forward:
         self.on_sent = on_sent
         self.upstream_error: str | None = None  # the kind, when the upstream is why the request failed
         self.completed = False
+        self.response_started = False  # once True, an error can no longer be answered with a status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer: UpstreamAnswer | None = None
@@ -70,6 +71,7 @@ class Forward:
                     )
                 except UpstreamError as err:
                     self.upstream_error = err.kind
+                    self.response_started = True
                     await _send_quietly(
                         JSONResponse(error_body(err.status, err.message), err.status), scope, receive, send
                     )
@@ -92,6 +94,7 @@ class Forward:
         headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers()]
         headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in self.extra_headers]
         tail = b""
+        self.response_started = True
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             broken: UpstreamError | None = None
