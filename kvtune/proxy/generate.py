@@ -110,7 +110,7 @@ class GenerateFastPath:
                 record,
                 content=capped.content if capped.content is not None else raw,
                 extra_headers=[(CAP_HEADER, capped.header)] if capped.header else [],
-                on_sent=partial(core.watch.submit, endpoint, body, key),
+                observe=partial(core.watch.submit, endpoint, body, key),
             )
         except RequestBodyError as err:
             record.finish("rejected")

@@ -46,7 +46,7 @@ class Forward:
         record: RequestRecord,
         content: bytes | None = None,
         extra_headers: list[tuple[str, str]] | None = None,
-        on_sent: Callable[[], object] | None = None,
+        observe: Callable[[], object] | None = None,
     ) -> None:
         self.upstream = upstream
         self.method = method
@@ -55,7 +55,8 @@ class Forward:
         self.record = record
         self.content = content
         self.extra_headers = extra_headers or []
-        self.on_sent = on_sent
+        self.observe = observe
+        self.written = False  # the request reached the upstream's socket
         self.upstream_error: str | None = None  # the kind, when the upstream is why the request failed
         self.completed = False
         self.response_started = False  # once True, an error can no longer be answered with a status
@@ -79,7 +80,7 @@ class Forward:
         try:
             try:
                 answer = await self.upstream.open(
-                    self.method, self.path, self.headers, self.content, self.on_sent
+                    self.method, self.path, self.headers, self.content, self._on_written
                 )
             except UpstreamError as err:
                 self.upstream_error = err.kind
@@ -102,6 +103,18 @@ class Forward:
             self.record.finish("completed" if self.completed else "failed", self.upstream_error)
             if answer is not None:
                 await answer.response.aclose()
+            if self.written:
+                self._observe_once()
+
+    def _on_written(self) -> None:
+        self.written = True
+
+    def _observe_once(self) -> None:
+        """Hand the request to `observe`, once: after the answer's first byte was relayed, or when an
+        exchange without one ends, so its work never competes with the upstream before the first token."""
+        observe, self.observe = self.observe, None
+        if observe is not None:
+            observe()
 
     async def _relay(self, answer: UpstreamAnswer, send: Send) -> None:
         status = answer.status
@@ -121,6 +134,8 @@ class Forward:
                     if watch_stream_end:
                         tail = (tail + chunk[-len(STREAM_END) :])[-len(STREAM_END) :]
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if self.observe is not None:
+                        self._observe_once()
             except httpx.TransportError as err:
                 broken = describe_transport_error(
                     self.upstream.base_url, err, self.upstream.timeout_s, mid_stream=True
