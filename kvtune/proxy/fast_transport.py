@@ -269,37 +269,45 @@ class FastTransport(httpx.AsyncBaseTransport):
         url = request.url
         scheme = url.scheme
         origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                while True:
-                    if self._closed:
-                        raise httpx.ConnectError("the transport is closed", request=request)
-                    idle = self._idle.get(origin)
-                    while idle and not fresh:
-                        connection = idle.pop()
-                        if connection.is_idle_and_open():
-                            return connection, True
-                        self._forget(connection)
-                    if self.open_connections < self.max_connections:
-                        break
-                    if not self._close_one_idle():
-                        waiter = asyncio.get_running_loop().create_future()
-                        self._waiters.append(waiter)
-                        try:
-                            await waiter
-                        finally:
-                            if not waiter.done():
-                                waiter.cancel()
-        except TimeoutError:
-            raise httpx.PoolTimeout(
-                f"all {self.max_connections} upstream connections stayed busy", request=request
-            ) from None
+        pool_timeout = timeouts.get("pool")
+        deadline = None if pool_timeout is None else asyncio.get_running_loop().time() + pool_timeout
+        while True:
+            if self._closed:
+                raise httpx.ConnectError("the transport is closed", request=request)
+            idle = self._idle.get(origin)
+            while idle and not fresh:
+                connection = idle.pop()
+                if connection.is_idle_and_open():
+                    return connection, True
+                self._forget(connection)
+            if self.open_connections < self.max_connections:
+                break
+            if not self._close_one_idle():
+                await self._wait_for_room(deadline, request)
         self.open_connections += 1
         try:
             return await self._connect(origin, request, timeouts.get("connect")), False
         except BaseException:
             self.open_connections -= 1
             self._wake_one()
+            raise
+
+    async def _wait_for_room(self, deadline: float | None, request: httpx.Request) -> None:
+        """Wait until a connection is released or closed (PoolTimeout at `deadline`)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except BaseException as err:
+            if not waiter.done():
+                waiter.cancel()
+            elif not waiter.cancelled():
+                self._wake_one()  # woken, but leaving without the room: pass it on to the next waiter
+            if isinstance(err, TimeoutError):
+                raise httpx.PoolTimeout(
+                    f"all {self.max_connections} upstream connections stayed busy", request=request
+                ) from None
             raise
 
     async def _connect(self, origin: Origin, request: httpx.Request, timeout: float | None) -> _Connection:
