@@ -8,6 +8,7 @@ which describe one connection and not the message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ class UpstreamAnswer:
     def status(self) -> int:
         return self.response.status_code
 
-    @property
+    @functools.cached_property
     def is_event_stream(self) -> bool:
         return str(self.response.headers.get("content-type", "")).startswith("text/event-stream")
 
