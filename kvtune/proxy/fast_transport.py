@@ -11,8 +11,8 @@ types) and replaces only the wire work:
 - failures as httpx's own exceptions (ConnectError, ConnectTimeout, ReadTimeout, RemoteProtocolError, ...),
   so whoever uses the client handles them as before.
 
-`request.extensions[ON_WRITTEN]`, when set (not None), is called once the request has been handed to the socket:
-work started there overlaps the upstream's and never delays the request.
+`request.extensions[ON_WRITTEN]`, when set (not None), is called once the request has been handed to the
+socket: work started there overlaps the upstream's and never delays the request.
 """
 
 from __future__ import annotations
