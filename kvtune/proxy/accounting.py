@@ -16,6 +16,7 @@ class RequestRecord:
     def __init__(self, metrics: ProxyMetrics, endpoint: str) -> None:
         self.metrics = metrics
         self.endpoint = endpoint
+        self.series = metrics.by_endpoint[endpoint]
         self.started = time.perf_counter()
         self.first_byte_at: float | None = None
         self.outcome: str | None = None
@@ -25,7 +26,7 @@ class RequestRecord:
         """The first byte of the upstream's answer body arrived (observed once)."""
         if self.first_byte_at is None:
             self.first_byte_at = time.perf_counter()
-            self.metrics.time_to_first_byte.labels(self.endpoint).observe(self.first_byte_at - self.started)
+            self.series.time_to_first_byte.observe(self.first_byte_at - self.started)
 
     def finish(self, outcome: str, upstream_error: str | None = None) -> None:
         """Count the request under `outcome`, and `upstream_error` (a kind) when the upstream caused it."""
@@ -33,7 +34,7 @@ class RequestRecord:
             return
         self.outcome = outcome
         self.metrics.in_flight.dec()
-        self.metrics.requests.labels(self.endpoint, outcome).inc()
-        self.metrics.duration.labels(self.endpoint).observe(time.perf_counter() - self.started)
+        self.series.outcomes[outcome].inc()
+        self.series.duration.observe(time.perf_counter() - self.started)
         if upstream_error is not None:
             self.metrics.upstream_errors.labels(upstream_error).inc()

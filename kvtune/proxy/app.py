@@ -1,9 +1,10 @@
 """The proxy's FastAPI app: the OpenAI routes forwarded to the upstream, /health, /metrics, the prefix
 report and the admin API, every error an OpenAI-style JSON body.
 
-A generate request is read and parsed once at the door; the cap decides whether its bytes go upstream
-unchanged or rewritten; the exchange itself (`relay.Forward`) starts the upstream request, then hands the
-parsed body to the prefix watch once the request is on the wire, so tokenizing never delays it.
+The generate routes are served in front of the FastAPI app (`generate.GenerateFastPath`): a request is
+read and parsed once at the door; the cap decides whether its bytes go upstream unchanged or rewritten;
+the exchange itself (`relay.Forward`) starts the upstream request, and hands the parsed body to the
+prefix watch once the answer's first byte has been relayed, so tokenizing never delays the first token.
 """
 
 from __future__ import annotations
@@ -12,35 +13,24 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from kvtune.core.max_tokens_cap import CAP_HEADER
 from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES, RequestBodyError
+from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.admin import build_proxy_admin_router
-from kvtune.proxy.cap import CHAT_FIELDS, COMPLETION_FIELDS, CapPolicy, cap_body
-from kvtune.proxy.door import parse_object, read_body
+from kvtune.proxy.cap import CapPolicy
+from kvtune.proxy.generate import GenerateFastPath
 from kvtune.proxy.metrics import CONTENT_TYPE, ProxyMetrics
-from kvtune.proxy.prefix_watch import CHAT_COMPLETIONS, COMPLETIONS, PrefixWatch
+from kvtune.proxy.prefix_watch import PrefixWatch
 from kvtune.proxy.relay import Forward
 from kvtune.proxy.upstream import Upstream, UpstreamError, forwardable
 
 logger = logging.getLogger(__name__)
-
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away", as the engine uses it
-
-# endpoint label -> (path, the fields that carry max_tokens)
-GENERATE_ROUTES = {
-    COMPLETIONS: ("/v1/completions", COMPLETION_FIELDS),
-    CHAT_COMPLETIONS: ("/v1/chat/completions", CHAT_FIELDS),
-}
 
 
 @dataclass
@@ -64,12 +54,11 @@ class ProxyCore:
         self.policy = policy
         self.metrics.set_cap(policy.cap)
 
-    def prefix_key(self, request: Request, model: object) -> str:
-        """The detector's key: the tenant header's value when one is configured and sent, else the model."""
-        if self.prefix_key_header:
-            value = request.headers.get(self.prefix_key_header)
-            if value:
-                return value
+    def prefix_key(self, tenant: str | None, model: object) -> str:
+        """The detector's key: the tenant header's value (`tenant`) when one is configured and sent, else
+        the model."""
+        if self.prefix_key_header and tenant:
+            return tenant
         return model if isinstance(model, str) else ""
 
     async def aclose(self) -> None:
@@ -101,45 +90,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(500, f"internal error: {type(err).__name__}"), 500)
 
 
-async def _generate(core: ProxyCore, endpoint: str, request: Request) -> Response:
-    path, fields = GENERATE_ROUTES[endpoint]
-    record = RequestRecord(core.metrics, endpoint)
-    try:
-        raw = await read_body(request, core.max_request_body_bytes)
-        body = await parse_object(raw)
-        capped = cap_body(body, fields, core.policy)
-        if capped.counted_as is not None:
-            core.metrics.capped.labels(capped.counted_as).inc()
-        if capped.error is not None:
-            record.finish("rejected")
-            return JSONResponse(error_body(400, capped.error, capped.param), 400)
-        headers = forwardable(request.headers.items(), keep_length=False)
-        key = core.prefix_key(request, body.get("model"))
-        exchange = Forward(
-            core.upstream,
-            "POST",
-            path,
-            headers,
-            record,
-            content=capped.content if capped.content is not None else raw,
-            extra_headers=[(CAP_HEADER, capped.header)] if capped.header else [],
-            on_sent=partial(core.watch.submit, endpoint, body, key),
-        )
-    except RequestBodyError as err:
-        record.finish("rejected")
-        return err.response()
-    except ClientDisconnect:  # gone while uploading: nobody is left to answer
-        record.finish("failed")
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except BaseException:
-        record.finish("failed")
-        raise
-    return _ForwardResponse(exchange)
-
-
-def build_proxy_app(core: ProxyCore, admin_token: str | None = None, include_admin: bool = True) -> FastAPI:
-    """The proxy around `core`, whose upstream client closes with the app's lifespan. `include_admin=False`
-    leaves the admin routes to `build_proxy_admin_app` on a port of their own."""
+def build_proxy_app(
+    core: ProxyCore, admin_token: str | None = None, include_admin: bool = True
+) -> GenerateFastPath:
+    """The proxy around `core`, whose upstream client closes with the app's lifespan: the generate routes
+    on their fast path, the rest a FastAPI app. `include_admin=False` leaves the admin routes to
+    `build_proxy_admin_app` on a port of their own."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -150,14 +106,6 @@ def build_proxy_app(core: ProxyCore, admin_token: str | None = None, include_adm
 
     app = FastAPI(title="kvtune proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _generate(core, COMPLETIONS, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await _generate(core, CHAT_COMPLETIONS, request)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -192,7 +140,7 @@ def build_proxy_app(core: ProxyCore, admin_token: str | None = None, include_adm
                 admin_token, core.current_policy, core.set_policy, core.max_request_body_bytes
             )
         )
-    return app
+    return GenerateFastPath(app, core)
 
 
 def build_proxy_admin_app(core: ProxyCore, admin_token: str | None) -> FastAPI:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -32,6 +33,10 @@ from kvtune.proxy.upstream import Upstream
 logger = logging.getLogger("kvtune.proxy")
 
 DEFAULT_UPSTREAM_TIMEOUT_S = 600.0
+# The prefix watch's worker runs the detector in Python and keeps the GIL until the event loop has waited a
+# switch interval for it: 5 ms by default, which a relayed event waits too. At 0.5 ms the loop's wake-up lag
+# while the worker is busy fell from p50 2.7 / p90 5.2 / max 27 ms to 1.3 / 1.7 / 2.0 ms (0.7 ms idle).
+SWITCH_INTERVAL_S = 0.0005
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +171,10 @@ async def serve_together(*servers: uvicorn.Server) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    # httpx logs every upstream request at INFO: a formatted line per request on the hot path.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     proxy = build_proxy(args)
     logger.info("proxying http://%s:%d to %s", args.host, args.port, proxy.core.upstream.base_url)
     if proxy.admin_server is None:

@@ -12,6 +12,8 @@ import asyncio
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from kvtune.engine_sidecar.request_body import (
     PARSE_IN_THREAD_ABOVE_BYTES,
@@ -22,19 +24,29 @@ from kvtune.engine_sidecar.request_body import (
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The raw body of a routed request, or a 413 (see `read_asgi_body`)."""
+    return await read_asgi_body(request.receive, request.headers.get("content-length"), max_bytes)
+
+
+async def read_asgi_body(receive: Receive, declared: str | bytes | None, max_bytes: int) -> bytes:
     """The raw body, or a 413 as soon as it is known to pass `max_bytes` (a declared length is trusted
-    first, so an oversized upload is refused before any of it is read)."""
-    declared = request.headers.get("content-length")
+    first, so an oversized upload is refused before any of it is read); ClientDisconnect when the client
+    leaves while uploading."""
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise body_too_large(max_bytes)
     chunks: list[bytes] = []
     received = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         received += len(chunk)
         if received > max_bytes:
             raise body_too_large(max_bytes)
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def parse_object(raw: bytes) -> dict[str, Any]:

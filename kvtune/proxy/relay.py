@@ -13,10 +13,10 @@ pace. Around that:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
-import anyio
 import httpx
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
@@ -46,7 +46,7 @@ class Forward:
         record: RequestRecord,
         content: bytes | None = None,
         extra_headers: list[tuple[str, str]] | None = None,
-        on_sent: Callable[[], object] | None = None,
+        observe: Callable[[], object] | None = None,
     ) -> None:
         self.upstream = upstream
         self.method = method
@@ -55,43 +55,76 @@ class Forward:
         self.record = record
         self.content = content
         self.extra_headers = extra_headers or []
-        self.on_sent = on_sent
+        self.observe = observe
+        self.written = False  # the request reached the upstream's socket
         self.upstream_error: str | None = None  # the kind, when the upstream is why the request failed
         self.completed = False
+        self.response_started = False  # once True, an error can no longer be answered with a status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         answer: UpstreamAnswer | None = None
+        # A watcher task cancels this one when the client hangs up (plain asyncio: an anyio task group and
+        # cancel scope cost more CPU per request than the rest of the exchange's bookkeeping).
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.get_running_loop().create_task(_wait_for_disconnect(receive))
+        gone = False
+
+        def on_disconnect(done: asyncio.Task[None]) -> None:
+            nonlocal gone
+            if not done.cancelled() and done.exception() is None:
+                gone = True
+                task.cancel()
+
+        watcher.add_done_callback(on_disconnect)
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(_cancel_on_disconnect, receive, group.cancel_scope)
-                try:
-                    answer = await self.upstream.open(
-                        self.method, self.path, self.headers, self.content, self.on_sent
-                    )
-                except UpstreamError as err:
-                    self.upstream_error = err.kind
-                    await _send_quietly(
-                        JSONResponse(error_body(err.status, err.message), err.status), scope, receive, send
-                    )
-                else:
-                    await self._relay(answer, send)
-                group.cancel_scope.cancel()
+            try:
+                answer = await self.upstream.open(
+                    self.method, self.path, self.headers, self.content, self._on_written
+                )
+            except UpstreamError as err:
+                self.upstream_error = err.kind
+                self.response_started = True
+                await _send_quietly(
+                    JSONResponse(error_body(err.status, err.message), err.status), scope, receive, send
+                )
+            else:
+                await self._relay(answer, send)
+        except asyncio.CancelledError:
+            # The cancel was ours: the client is gone and the exchange ends here; any other cancel goes on.
+            if not gone or task.uncancel() > 0:
+                raise
         finally:
+            watcher.remove_done_callback(on_disconnect)
+            watcher.cancel()
             # Counted before the upstream connection closes, so whoever sees the upstream's abort sees
-            # the proxy's count too.
+            # the proxy's count too. Closing never waits (the transport closes or pools at once), so no
+            # cancellation can cut it short.
             self.record.finish("completed" if self.completed else "failed", self.upstream_error)
             if answer is not None:
-                with anyio.CancelScope(shield=True):
-                    await answer.response.aclose()
+                await answer.response.aclose()
+            if self.written:
+                self._observe_once()
+
+    def _on_written(self) -> None:
+        self.written = True
+
+    def _observe_once(self) -> None:
+        """Hand the request to `observe`, once: after the answer's first byte was relayed, or when an
+        exchange without one ends, so its work never competes with the upstream before the first token."""
+        observe, self.observe = self.observe, None
+        if observe is not None:
+            observe()
 
     async def _relay(self, answer: UpstreamAnswer, send: Send) -> None:
         status = answer.status
         if status >= 400:
             self.upstream_error = "http_status"
         watch_stream_end = answer.is_event_stream and status < 400
-        headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers()]
+        headers = answer.headers()
         headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in self.extra_headers]
         tail = b""
+        self.response_started = True
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             broken: UpstreamError | None = None
@@ -101,6 +134,8 @@ class Forward:
                     if watch_stream_end:
                         tail = (tail + chunk[-len(STREAM_END) :])[-len(STREAM_END) :]
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if self.observe is not None:
+                        self._observe_once()
             except httpx.TransportError as err:
                 broken = describe_transport_error(
                     self.upstream.base_url, err, self.upstream.timeout_s, mid_stream=True
@@ -125,11 +160,10 @@ class Forward:
             return  # the client went away while we wrote to it (ASGI 2.4 servers raise on send)
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-    """Cancel the exchange when the client disconnects (the request body has already been read)."""
+async def _wait_for_disconnect(receive: Receive) -> None:
+    """Return when the client disconnects (the request body has already been read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    scope.cancel()
 
 
 async def _send_quietly(response: JSONResponse, scope: Scope, receive: Receive, send: Send) -> None:

@@ -8,10 +8,13 @@ which describe one connection and not the message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
+
+from kvtune.proxy.fast_transport import ON_WRITTEN, FastTransport
 
 # RFC 9110 section 7.6.1, plus host, which names the proxy and not the upstream.
 HOP_BY_HOP = frozenset(
@@ -28,6 +31,7 @@ HOP_BY_HOP = frozenset(
         "host",
     }
 )
+HOP_BY_HOP_RAW = frozenset(name.encode("latin-1") for name in HOP_BY_HOP)
 # Connect fast or not at all: a down upstream must not hold a client for the whole read timeout.
 MAX_CONNECT_TIMEOUT_S = 10.0
 HEALTH_TIMEOUT_S = 5.0
@@ -81,34 +85,47 @@ class UpstreamAnswer:
     def status(self) -> int:
         return self.response.status_code
 
-    @property
+    @functools.cached_property
     def is_event_stream(self) -> bool:
         return str(self.response.headers.get("content-type", "")).startswith("text/event-stream")
 
-    def headers(self) -> list[tuple[str, str]]:
-        return forwardable(self.response.headers.multi_items())
-
-
-async def _then(body: bytes, callback: Callable[[], object]) -> AsyncIterator[bytes]:
-    """`body` as a one-chunk stream that calls `callback` once the transport has written it (the transport
-    asks for the next chunk only then). Cheaper than a transport trace hook, which fires on every event."""
-    yield body
-    callback()
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The answer's end-to-end headers as they came (bytes, for the ASGI response start)."""
+        return [
+            (name, value) for name, value in self.response.headers.raw if name.lower() not in HOP_BY_HOP_RAW
+        ]
 
 
 class Upstream:
-    """One upstream base URL and the keep-alive client that talks to it."""
+    """One upstream base URL and the keep-alive connection pool that talks to it.
+
+    Forwarded requests go straight to the transport as httpx Requests: the client's own layers (URL
+    merging, auth, redirects, a cookie jar) cost CPU on every request, and a cookie jar is wrong in a
+    proxy, where one client's cookies must never ride on another's request. The client serves /health.
+    """
 
     def __init__(self, base_url: str, timeout_s: float, max_connections: int = 1024) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, MAX_CONNECT_TIMEOUT_S))
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        # No default headers of httpx's own (its Accept-Encoding would ask for a compression the client
-        # never asked for): the client's headers go through as they are.
+        self.transport = FastTransport(max_connections)
+        # Not httpx's default Accept-Encoding, which would ask for a compression the client never asked
+        # for: the client's headers go through as they are.
         self.client = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, limits=limits, headers={"accept-encoding": "identity"}
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=self.transport,
+            headers={"accept-encoding": "identity"},
         )
+        self._default_headers = list(self.client.headers.multi_items())
+        self._timeouts = timeout.as_dict()
+        self._urls: dict[str, httpx.URL] = {}
+
+    def _url(self, path: str) -> httpx.URL:
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.base_url + path)
+        return url
 
     async def open(
         self,
@@ -121,18 +138,20 @@ class Upstream:
         """Send one request and return once the upstream's headers arrive; UpstreamError when it cannot.
         `on_sent` runs the moment the request's body has been written, before the upstream answers: work
         started there overlaps the upstream's and never delays the request."""
-        if on_sent is not None and content is not None:
-            # The declared length keeps the request un-chunked, exactly as the client sent it.
-            headers = [*headers, ("content-length", str(len(content)))]
-            request = self.client.build_request(
-                method, path, headers=headers, content=_then(content, on_sent)
-            )
-        else:
-            request = self.client.build_request(method, path, headers=headers, content=content)
+        sent = {name.lower() for name, _ in headers}
+        defaults = [(name, value) for name, value in self._default_headers if name not in sent]
+        request = httpx.Request(
+            method,
+            self._url(path),
+            headers=defaults + headers,
+            content=content,
+            extensions={"timeout": self._timeouts, ON_WRITTEN: on_sent},
+        )
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self.transport.handle_async_request(request)
         except httpx.TransportError as err:
             raise describe_transport_error(self.base_url, err, self.timeout_s) from None
+        response.request = request
         return UpstreamAnswer(response)
 
     async def health(self) -> int | UpstreamError:
