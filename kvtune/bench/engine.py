@@ -310,7 +310,8 @@ def _tail(path: Path) -> str:
 class KvtuneServer:
     """`python -m kvtune.cli serve ...` in its own process group; a context manager that stops it."""
 
-    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, argv: list[str], port: int, log_path: Path, name: str = "kvtune serve") -> None:
+        self.name = name  # what error messages call it (the proxy bench starts kvtune proxy and a relay too)
         self.port = port
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,12 +339,12 @@ class KvtuneServer:
             code = self.process.poll()
             if code is not None:
                 raise KvtuneError(
-                    f"kvtune serve exited with {code} before it was ready (log: {self.log_path}):\n"
+                    f"{self.name} exited with {code} before it was ready (log: {self.log_path}):\n"
                     f"{self.log_tail()}"
                 )
             if time.monotonic() > deadline:
                 raise KvtuneError(
-                    f"kvtune serve not ready after {timeout_s:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
+                    f"{self.name} not ready after {timeout_s:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
                 )
             time.sleep(0.5)
 

@@ -47,7 +47,7 @@ from kvtune.errors import KvtuneError
 from kvtune.operator.prefix_report import entry_line
 
 SECTION = "proxy-vs-direct"
-DIRECT, PROXY = "direct", "proxy"
+DIRECT, PROXY, RELAY = "direct", "proxy", "tcp relay"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,17 +149,25 @@ async def throughput_round(
 
 @dataclass
 class TtftPairs:
+    """Time to first token of the same short requests sent direct, through a bare TCP relay (the floor of
+    any second hop) and through the proxy; only whole sets are kept."""
+
     direct: list[float] = field(default_factory=list)
     proxy: list[float] = field(default_factory=list)
-    failed: int = 0  # pairs dropped because one side failed
+    relay: list[float] = field(default_factory=list)
+    failed: int = 0  # sets dropped because one side failed
 
 
-async def ttft_pairs(direct_url: str, proxy_url: str, pairs: int, seed: int) -> TtftPairs:
-    """Short requests one at a time; each pair goes to both sides in random order (a shared keep-alive
-    client per side, as a real client would hold)."""
+async def ttft_pairs(
+    direct_url: str, proxy_url: str, pairs: int, seed: int, relay_url: str | None = None
+) -> TtftPairs:
+    """Short requests one at a time; each goes to every side in random order (a keep-alive client per side,
+    as a real client would hold)."""
     rng = random.Random(seed)
     out = TtftPairs()
-    async with httpx.AsyncClient(timeout=60.0) as direct, httpx.AsyncClient(timeout=60.0) as proxied:
+    sides = [(DIRECT, direct_url), (PROXY, proxy_url)] + ([(RELAY, relay_url)] if relay_url else [])
+    clients = {side: httpx.AsyncClient(timeout=60.0) for side, _ in sides}
+    try:
         for i in range(pairs):
             body = {
                 "model": SERVED_MODEL_NAME,
@@ -170,18 +178,23 @@ async def ttft_pairs(direct_url: str, proxy_url: str, pairs: int, seed: int) -> 
                 "ignore_eos": True,
                 "stream": True,
             }
-            order = [(DIRECT, direct, direct_url), (PROXY, proxied, proxy_url)]
+            order = list(sides)
             rng.shuffle(order)
             times: dict[str, float] = {}
-            for side, client, url in order:
-                tally = await stream_one(client, url, body)
+            for side, url in order:
+                tally = await stream_one(clients[side], url, body)
                 if tally.ok and tally.ttft_s is not None:
                     times[side] = tally.ttft_s
-            if len(times) < 2:  # keep pairs whole, so the paired differences compare like with like
+            if len(times) < len(sides):  # keep sets whole, so the paired differences compare like with like
                 out.failed += 1
                 continue
             out.direct.append(times[DIRECT])
             out.proxy.append(times[PROXY])
+            if RELAY in times:
+                out.relay.append(times[RELAY])
+    finally:
+        for client in clients.values():
+            await client.aclose()
     return out
 
 
@@ -317,16 +330,21 @@ class Summary:
     proxy_ttft_p50_ms: float
     added_ttft_p50_ms: float
     paired_added_ttft_ms: float  # median of per-pair differences
-    chunks_equal: bool
-    direct_events: int  # over every round
+    relay_added_ttft_ms: float | None  # the same for a bare TCP relay: what any second hop costs here
+    chunks_equal: bool  # the fidelity pass: every request's SSE events the same direct and proxied
+    direct_events: int  # in the fidelity pass
     proxy_events: int
     failed: int
     rounds: int
     ttft_pairs: int
 
 
-def summarize(rounds: Sequence[RoundResult], ttft: TtftPairs) -> Summary:
-    """Medians and ratios from the raw rounds and pairs (the chunk check compares request by request)."""
+def summarize(
+    rounds: Sequence[RoundResult], ttft: TtftPairs, fidelity: Sequence[RoundResult] = ()
+) -> Summary:
+    """Medians and ratios from the raw rounds and pairs. Chunks are compared request by request in the
+    one-at-a-time fidelity pass (under saturation vLLM itself merges tokens into fewer events when its
+    output loop lags, on either path); without one, across the throughput rounds."""
     by_side = {side: [r for r in rounds if r.side == side] for side in (DIRECT, PROXY)}
     if not by_side[DIRECT] or not by_side[PROXY]:
         raise KvtuneError("the proxy bench needs at least one round per side")
@@ -334,9 +352,11 @@ def summarize(rounds: Sequence[RoundResult], ttft: TtftPairs) -> Summary:
         raise KvtuneError("no time-to-first-token pair completed on one side")
     direct = statistics.median(r.tokens_per_s for r in by_side[DIRECT])
     proxied = statistics.median(r.tokens_per_s for r in by_side[PROXY])
-    reference = by_side[DIRECT][0].events
-    chunks_equal = all(r.events == reference for r in rounds)
+    compared = list(fidelity) or list(rounds)
+    reference = next(r for r in compared if r.side == DIRECT).events
+    chunks_equal = all(r.events == reference for r in compared)
     paired = [p - d for d, p in zip(ttft.direct, ttft.proxy, strict=True)]
+    relayed = [r - d for d, r in zip(ttft.direct, ttft.relay, strict=True)] if ttft.relay else []
     return Summary(
         direct_tokens_per_s=direct,
         proxy_tokens_per_s=proxied,
@@ -345,10 +365,11 @@ def summarize(rounds: Sequence[RoundResult], ttft: TtftPairs) -> Summary:
         proxy_ttft_p50_ms=statistics.median(ttft.proxy) * 1e3,
         added_ttft_p50_ms=(statistics.median(ttft.proxy) - statistics.median(ttft.direct)) * 1e3,
         paired_added_ttft_ms=statistics.median(paired) * 1e3,
+        relay_added_ttft_ms=statistics.median(relayed) * 1e3 if relayed else None,
         chunks_equal=chunks_equal,
-        direct_events=sum(sum(r.events) for r in by_side[DIRECT]),
-        proxy_events=sum(sum(r.events) for r in by_side[PROXY]),
-        failed=sum(r.failed for r in rounds) + ttft.failed,
+        direct_events=sum(sum(r.events) for r in compared if r.side == DIRECT),
+        proxy_events=sum(sum(r.events) for r in compared if r.side == PROXY),
+        failed=sum(r.failed for r in (*rounds, *fidelity)) + ttft.failed,
         rounds=len(by_side[DIRECT]),
         ttft_pairs=len(ttft.direct),
     )
@@ -362,9 +383,13 @@ def format_table(s: Summary) -> str:
         ("TTFT p50, ms (one at a time)", f"{s.direct_ttft_p50_ms:.2f}", f"{s.proxy_ttft_p50_ms:.2f}",
          f"+{s.added_ttft_p50_ms:.2f} ms, paired median +{s.paired_added_ttft_ms:.2f} ms "
          f"(goal < 1 ms: {verdict[s.added_ttft_p50_ms < 1.0]})"),
-        ("SSE events, every round", f"{s.direct_events:,}", f"{s.proxy_events:,}",
+        ("SSE events (fidelity pass, one at a time)", f"{s.direct_events:,}", f"{s.proxy_events:,}",
          f"request by request equal: {verdict[s.chunks_equal]}"),
     ]  # fmt: skip
+    if s.relay_added_ttft_ms is not None:
+        rows.insert(2, ("TTFT added by a bare TCP relay (any second hop here)", "", "",
+                        f"paired median +{s.relay_added_ttft_ms:.2f} ms; the proxy adds "
+                        f"{s.paired_added_ttft_ms - s.relay_added_ttft_ms:+.2f} ms over it"))  # fmt: skip
     lines = ["| measure | direct | through kvtune proxy | proxy vs direct |", "|---|---:|---:|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     lines.append(
@@ -383,8 +408,10 @@ def format_section(s: Summary, args: argparse.Namespace, machine: str, revision:
             f"(prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} token ids, "
             f"{args.output_tokens[0]}-{args.output_tokens[1]} tokens out, ignore_eos), {args.concurrency} in "
             "flight, rounds alternating ABBA direct/proxy against the same running upstream. TTFT: short "
-            "streamed text prompts (tokenized by the proxy), one at a time, each sent both ways in random order. "
-            "The proxy runs its detector and metrics as shipped (no cap set).",
+            "streamed text prompts (tokenized by the proxy), one at a time, each sent direct, through a bare TCP "
+            "relay (`kvtune.bench.tcp_relay`: bytes copied, no HTTP) and through the proxy, in random order. "
+            "SSE events: 8 streamed completions of 64 tokens one at a time, each way, compared request by "
+            "request. The proxy runs its detector and metrics as shipped (no cap set).",
             "",
             format_table(s),
         ]
@@ -407,7 +434,7 @@ def running_proxy(
         sys.executable, "-m", "kvtune.cli", "proxy", "--upstream", upstream, "--model-dir", str(model_dir),
         "--block-size", str(block_size), "--port", str(port),
     ]  # fmt: skip
-    with KvtuneServer(argv, port, log_path) as proxy:
+    with KvtuneServer(argv, port, log_path, name="kvtune proxy") as proxy:
         proxy.wait_ready(timeout_s)
         yield proxy.url
 
@@ -442,7 +469,9 @@ def running_upstream(args: argparse.Namespace, model_dir: Path, log_dir: Path) -
         )
 
 
-async def _measure(direct: str, proxy: str, args: argparse.Namespace) -> tuple[list[RoundResult], TtftPairs]:
+async def _measure(
+    direct: str, proxy: str, relay: str | None, args: argparse.Namespace
+) -> tuple[list[RoundResult], TtftPairs, list[RoundResult]]:
     spec = BatchSpec(
         num_requests=args.num_requests, prompt_tokens=tuple(args.prompt_tokens),
         output_tokens=tuple(args.output_tokens), seed=args.seed,
@@ -456,7 +485,24 @@ async def _measure(direct: str, proxy: str, args: argparse.Namespace) -> tuple[l
         result = await throughput_round(direct if side == DIRECT else proxy, side, bodies, args.concurrency)
         print(f"round {i + 1}: {side} {result.tokens_per_s:,.1f} tokens/s", file=sys.stderr, flush=True)
         rounds.append(result)
-    return rounds, await ttft_pairs(direct, proxy, args.ttft_pairs, args.seed)
+    ttft = await ttft_pairs(direct, proxy, args.ttft_pairs, args.seed, relay)
+    one_at_a_time = [{**b, "max_tokens": 64} for b in bodies[:8]]
+    fidelity = [
+        await throughput_round(direct, DIRECT, one_at_a_time, 1),
+        await throughput_round(proxy, PROXY, one_at_a_time, 1),
+    ]
+    return rounds, ttft, fidelity
+
+
+@contextlib.contextmanager
+def running_relay(upstream: str, log_path: Path, timeout_s: float) -> Iterator[str]:
+    """`kvtune.bench.tcp_relay` in front of `upstream`, as a process of its own like the proxy."""
+    port = free_port()
+    hostport = upstream.removeprefix("http://").rstrip("/")
+    argv = [sys.executable, "-m", "kvtune.bench.tcp_relay", str(port), hostport]
+    with KvtuneServer(argv, port, log_path, name="the TCP relay") as relay:
+        relay.wait_ready(timeout_s)  # /health passes through to the upstream
+        yield relay.url
 
 
 def run(args: argparse.Namespace) -> int:
@@ -473,13 +519,14 @@ def run(args: argparse.Namespace) -> int:
             upstream, model_dir, args.block_size, log_dir / "proxy.log", args.boot_timeout
         ) as proxy,
     ):
-        rounds, ttft = asyncio.run(_measure(upstream, proxy, args))
+        with running_relay(upstream, log_dir / "relay.log", args.boot_timeout) as relay:
+            rounds, ttft, fidelity = asyncio.run(_measure(upstream, proxy, relay, args))
         phases = asyncio.run(
             closed_loop(
                 upstream, proxy, args.loop_clients, args.loop_prompt_chars, args.seed, args.loop_window
             )
         )
-    summary = summarize(rounds, ttft)
+    summary = summarize(rounds, ttft, fidelity)
     loop = format_loop(phases, args.loop_clients, args.loop_prompt_chars)
     print(format_table(summary))
     print(loop)

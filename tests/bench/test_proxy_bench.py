@@ -125,3 +125,14 @@ def test_bench_proxy_in_front_of_vllm(tiny_model: Path, capsys: pytest.CaptureFi
     head, tail = [line for line in out.splitlines() if line.startswith("| timestamp at the")]
     assert "varying_head x15" in head and head.endswith("| yes |")
     assert "| none |" in tail and tail.endswith("| no |")
+
+
+def test_the_relay_floor_is_shown_beside_what_the_proxy_adds() -> None:
+    ttft = TtftPairs(
+        direct=[0.010, 0.012, 0.011], proxy=[0.0125, 0.0145, 0.0135], relay=[0.0118, 0.0138, 0.0128]
+    )
+    fidelity = [RoundResult(DIRECT, 1.0, (66, 66), 0), RoundResult(PROXY, 1.0, (66, 66), 0)]
+    s = summarize(_rounds([100.0], [99.0], events=(5, 7)), ttft, fidelity)
+    assert s.relay_added_ttft_ms == pytest.approx(1.8) and s.paired_added_ttft_ms == pytest.approx(2.5)
+    assert s.chunks_equal and s.direct_events == 132  # the fidelity pass, not the rounds
+    assert "the proxy adds +0.70 ms over it" in format_table(s)
