@@ -83,9 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let /kvtune/prefix-report show the text of varying spans (prompt text is user data: off by default)",
     )
     parser.add_argument(
-        "--disable-uvicorn-access-log",
+        "--uvicorn-access-log",
         action="store_true",
-        help="no log line per request (vLLM's flag): a line per request costs the hot path a write",
+        help="log a line per request; off by default: the upstream logs each request already, and uvicorn "
+        "writes the line before the answer's headers, on the path to the first token",
     )
     parser.add_argument(
         "--max-request-body-bytes",
@@ -148,7 +149,7 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     core = build_core(args)
     app = build_proxy_app(core, admin_token=token, include_admin=args.admin_port is None)
-    access_log = not args.disable_uvicorn_access_log
+    access_log = args.uvicorn_access_log
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=access_log)
     )
