@@ -27,7 +27,9 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -55,12 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream", help="measure in front of this running server instead of vLLM's CPU build"
     )
-    parser.add_argument("--rounds", type=int, default=4, help="throughput rounds per side, alternating ABBA")
+    parser.add_argument("--rounds", type=int, default=8, help="throughput rounds per side, alternating ABBA")
     parser.add_argument("--num-requests", type=int, default=48, help="streamed requests per throughput round")
     parser.add_argument("--concurrency", type=int, default=16, help="streams in flight per throughput round")
     parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(200, 400), metavar=("LO", "HI"))
     parser.add_argument("--output-tokens", type=int, nargs=2, default=(64, 160), metavar=("LO", "HI"))
-    parser.add_argument("--ttft-pairs", type=int, default=60, help="one-at-a-time requests per side for TTFT")
+    parser.add_argument(
+        "--ttft-pairs", type=int, default=200, help="one-at-a-time requests per side for TTFT"
+    )
     parser.add_argument("--block-size", type=int, default=32, help="the upstream's KV block size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loop-clients", type=int, default=64, help="closed loop: chat clients per phase")
@@ -463,10 +467,27 @@ def running_upstream(args: argparse.Namespace, model_dir: Path, log_dir: Path) -
         config, venv_dir=venv, log_path=log_dir / "vllm.log", timeout_s=args.boot_timeout
     ) as server:
         version = installed_versions(venv).get("vllm", "?")
-        yield (
-            server.url,
-            f"vLLM's CPU build {version} (tiny model, block {args.block_size}, its default settings)",
+        description = (
+            f"vLLM's CPU build {version} (tiny model, block {args.block_size}, its default settings)"
         )
+        reserved = reserved_cpus(server.log_text())
+        if reserved:
+            # vLLM binds its model to some cores and leaves the rest to its API server. The client, the
+            # proxy and the relay go there too, as a sidecar with its own CPU would never take the engine's
+            # compute; the direct path runs under the same pinning, so both sides meet the same machine.
+            os.sched_setaffinity(0, reserved)
+            description += (
+                f"; the client, proxy and relay pinned to the CPUs vLLM reserves for them, {sorted(reserved)}"
+            )
+        yield server.url, description
+
+
+def reserved_cpus(vllm_log: str) -> set[int]:
+    """The CPUs vLLM's CPU build leaves free of its model's threads (its boot log's `reserved_cpus=[...]`)."""
+    found = re.findall(r"reserved_cpus=\[([\d, ]*)\]", vllm_log)
+    if not found:
+        return set()
+    return {int(cpu) for cpu in found[-1].split(",") if cpu.strip()} & os.sched_getaffinity(0)
 
 
 async def _measure(

@@ -14,6 +14,7 @@ from kvtune.bench.proxy import (
     abba,
     format_table,
     new_defeats,
+    reserved_cpus,
     shared_document,
     stamp,
     summarize,
@@ -136,3 +137,9 @@ def test_the_relay_floor_is_shown_beside_what_the_proxy_adds() -> None:
     assert s.relay_added_ttft_ms == pytest.approx(1.8) and s.paired_added_ttft_ms == pytest.approx(2.5)
     assert s.chunks_equal and s.direct_events == 132  # the fidelity pass, not the rounds
     assert "the proxy adds +0.70 ms over it" in format_table(s)
+
+
+def test_the_cpus_vllm_leaves_to_its_api_server_are_read_from_its_log() -> None:
+    log = "INFO [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0]\nINFO \treserved_cpus=[1]\n"
+    assert reserved_cpus(log) == {1} & os.sched_getaffinity(0)
+    assert reserved_cpus("no binding line") == set()
