@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Request
@@ -22,7 +21,6 @@ from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.async_engine import AsyncEngine, EngineDeadError
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.request_body import read_json
-from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
 
@@ -50,36 +48,6 @@ class AdminConfigPatch(BaseModel):
     max_num_seqs: StrictInt | None = Field(default=None, ge=1)
     max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
     cap_mode: Literal["clamp", "reject"] | None = None
-
-
-def token_file_exposure(path: str | Path) -> str | None:
-    """A warning when group or others may read the token file (anyone on the host could retune the
-    engine), else None."""
-    try:
-        mode = Path(path).stat().st_mode
-    except OSError:
-        return None
-    if mode & 0o077 == 0:
-        return None
-    return (
-        f"--admin-token-file {path} is readable by group or others (mode {mode & 0o777:o}); "
-        f"restrict it with `chmod 600 {path}`"
-    )
-
-
-def read_token_file(path: str | Path) -> str:
-    """The admin bearer token: the file's content without surrounding whitespace (it must not be empty).
-    Logs a warning when the file is open to group or others."""
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as err:
-        raise KvtuneError(f"--admin-token-file {path}: {err.strerror or err}") from err
-    if not token:
-        raise KvtuneError(f"--admin-token-file {path} is empty")
-    exposure = token_file_exposure(path)
-    if exposure is not None:
-        logger.warning("%s", exposure)
-    return token
 
 
 def _current(engine: LLMEngine) -> AdminConfig:

@@ -20,10 +20,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from kvtune.core.allocators import POLICIES
-from kvtune.engine_sidecar.admin import read_token_file
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
+from kvtune.engine_sidecar.http_serving import read_token_file, serve_together
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.engine_sidecar.server import build_admin_app, build_app
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
@@ -239,15 +239,6 @@ def build_server(args: argparse.Namespace) -> Server:
             uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
         )
     return Server(engine, async_engine, app, server, admin)
-
-
-async def serve_together(*servers: uvicorn.Server) -> None:
-    """Run the servers on one event loop; when one stops (a signal, a bind failure) the others stop too."""
-    tasks = [asyncio.create_task(server.serve()) for server in servers]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for server in servers:
-        server.should_exit = True
-    await asyncio.gather(*tasks)
 
 
 def run(args: argparse.Namespace) -> int:

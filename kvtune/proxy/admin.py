@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Request
@@ -20,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.request_body import RequestBodyError, parse_json
-from kvtune.errors import KvtuneError
 from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.door import read_body
 
@@ -39,27 +37,6 @@ class ProxyAdminConfigPatch(BaseModel):
 
     max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
     cap_mode: Literal["clamp", "reject"] | None = None
-
-
-def read_token_file(path: str | Path) -> str:
-    """The admin bearer token: the file's content without surrounding whitespace (it must not be empty);
-    a warning when group or others may read it. (The engine's reader lives beside the engine, which the
-    proxy may not import.)"""
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-        mode = Path(path).stat().st_mode
-    except OSError as err:
-        raise KvtuneError(f"--admin-token-file {path}: {err.strerror or err}") from err
-    if not token:
-        raise KvtuneError(f"--admin-token-file {path} is empty")
-    if mode & 0o077:
-        logger.warning(
-            "--admin-token-file %s is readable by group or others (mode %o); restrict it with `chmod 600 %s`",
-            path,
-            mode & 0o777,
-            path,
-        )
-    return token
 
 
 def build_proxy_admin_router(

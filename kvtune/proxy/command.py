@@ -20,9 +20,9 @@ import uvicorn
 
 from kvtune.core.max_tokens_cap import CAP_MODES
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
+from kvtune.engine_sidecar.http_serving import read_token_file, serve_together
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.errors import KvtuneError
-from kvtune.proxy.admin import read_token_file
 from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
 from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.metrics import ProxyMetrics
@@ -160,15 +160,6 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
             uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
         )
     return ProxyServer(core, server, admin)
-
-
-async def serve_together(*servers: uvicorn.Server) -> None:
-    """Run the servers on one event loop; when one stops (a signal, a bind failure) the others stop too."""
-    tasks = [asyncio.create_task(server.serve()) for server in servers]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for server in servers:
-        server.should_exit = True
-    await asyncio.gather(*tasks)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,16 +8,14 @@ The detector's counts are read at scrape time from the detector itself: they are
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from kvtune.core.max_tokens_cap import CAPPED_LABELS
-from kvtune.core.prefix_defeats import REASONS, PrefixDefeatDetector
+from kvtune.core.prefix_defeats import PrefixDefeatDetector
+from kvtune.engine_sidecar.prefix_report import PrefixDefeatCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ENDPOINTS = ("completions", "chat_completions", "models")
@@ -26,32 +24,6 @@ UPSTREAM_ERROR_KINDS = ("connect", "timeout", "closed_mid_stream", "http_status"
 # The proxy's own cost is sub-millisecond; upstream latencies run to minutes.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                    30.0, 60.0, 120.0, 300.0, 600.0)  # fmt: skip
-
-
-class _DetectorCollector(Collector):
-    """`kvtune:prefix_defeats_total{reason}` and `kvtune:prefix_defeat_tokens_total{reason}` at scrape time."""
-
-    def __init__(self, detector: PrefixDefeatDetector) -> None:
-        self.detector = detector
-
-    def collect(self) -> Iterator[Metric]:
-        counts = self.detector.counts()
-        defeats = CounterMetricFamily(
-            "kvtune:prefix_defeats",
-            "Prompts that shared content with earlier ones yet missed the prefix cache, by reason.",
-            labels=["reason"],
-        )
-        tokens = CounterMetricFamily(
-            "kvtune:prefix_defeat_tokens",
-            "Prompt tokens that would have hit the prefix cache but for the defeat, by reason.",
-            labels=["reason"],
-        )
-        for reason in REASONS:
-            found, lost = counts.get(reason, (0, 0))
-            defeats.add_metric([reason], found)
-            tokens.add_metric([reason], lost)
-        yield defeats
-        yield tokens
 
 
 @dataclass(frozen=True)
@@ -122,7 +94,7 @@ class ProxyMetrics:
             self.upstream_errors.labels(kind)
         for mode in CAPPED_LABELS:
             self.capped.labels(mode)
-        reg.register(_DetectorCollector(detector))
+        reg.register(PrefixDefeatCollector(detector, {}))
 
     def set_cap(self, cap: int | None) -> None:
         self.max_tokens_cap.set(cap or 0)

@@ -13,7 +13,7 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess, start_engine
 from kvtune.bench.local_http import free_port
-from kvtune.engine_sidecar.admin import read_token_file, token_file_exposure
+from kvtune.engine_sidecar.http_serving import read_token_file, token_file_exposure
 from tests.server.live_server import ADMIN_TOKEN, LiveServer
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
