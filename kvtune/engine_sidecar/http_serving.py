@@ -4,12 +4,14 @@ bearer token read from its file, and several uvicorn servers run together (the A
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from pathlib import Path
 
 import uvicorn
 
+from kvtune.core.max_tokens_cap import CAP_MODES
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
@@ -52,3 +54,31 @@ async def serve_together(*servers: uvicorn.Server) -> None:
     for server in servers:
         server.should_exit = True
     await asyncio.gather(*tasks)
+
+
+def add_front_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `kvtune serve` and `kvtune proxy` share, spelled and meant the same way in both: the admin
+    API, the max_tokens cap, and what the prefix-defeat detector groups by and may show."""
+    parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
+    parser.add_argument(
+        "--admin-port", type=int, help="serve /admin/config on this port only (default: the main port)"
+    )
+    parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
+    parser.add_argument(
+        "--cap-mode",
+        default="clamp",
+        choices=CAP_MODES,
+        help="a request over --max-tokens-cap: clamp lowers its max_tokens (the response header "
+        "X-Kvtune-Max-Tokens says so), reject answers 400; a request without max_tokens gets the cap",
+    )
+    parser.add_argument(
+        "--prefix-key-header",
+        metavar="NAME",
+        help="group prompts for the prefix-defeat detector by this request header (a tenant), not by model",
+    )
+    parser.add_argument(
+        "--prefix-report-text",
+        action="store_true",
+        help="show the prompt text of varying spans in /kvtune/prefix-report (prompt text is user data: "
+        "off by default, the report then holds only positions, lengths and hashes)",
+    )

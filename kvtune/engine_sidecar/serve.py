@@ -23,7 +23,7 @@ from kvtune.core.allocators import POLICIES
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.http_serving import read_token_file, serve_together
+from kvtune.engine_sidecar.http_serving import add_front_arguments, read_token_file, serve_together
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.engine_sidecar.server import build_admin_app, build_app
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
@@ -72,34 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse new requests (429, Retry-After) once this many wait; default 4 x --max-num-seqs "
         "(retuning max_num_seqs live leaves it as it is); -1: no limit; 0: refuse every new request",
     )
-    parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
-    parser.add_argument(
-        "--admin-port", type=int, help="serve /admin/config on this port only (default: the main port)"
-    )
-    parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
-    parser.add_argument(
-        "--cap-mode",
-        default="clamp",
-        choices=["clamp", "reject"],
-        help="a request over --max-tokens-cap: clamp lowers its max_tokens (the response header "
-        "X-Kvtune-Max-Tokens says so), reject answers 400; a request without max_tokens gets the cap",
-    )
     parser.add_argument(
         "--no-prefix-detector",
         action="store_true",
         help="do not watch prompts for prefix-cache defeats (/kvtune/prefix-report then says it is off)",
     )
-    parser.add_argument(
-        "--prefix-key-header",
-        metavar="NAME",
-        help="group prompts for the prefix-defeat detector by this request header (a tenant), not by model",
-    )
-    parser.add_argument(
-        "--prefix-report-text",
-        action="store_true",
-        help="show the prompt text of varying spans in /kvtune/prefix-report (prompt text is user data: "
-        "off by default, the report then holds only positions, lengths and hashes)",
-    )
+    add_front_arguments(parser)
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
     parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
     parser.add_argument(

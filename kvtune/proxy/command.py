@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
-from kvtune.core.max_tokens_cap import CAP_MODES
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.http_serving import read_token_file, serve_together
+from kvtune.engine_sidecar.http_serving import add_front_arguments, read_token_file, serve_together
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.errors import KvtuneError
 from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
@@ -53,17 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="the upstream's KV block size, in tokens")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--admin-token-file", help="enables /admin/config, guarded by the token in this file")
-    parser.add_argument(
-        "--admin-port", type=int, help="serve /admin/config on this port only (default: the main port)"
-    )
-    parser.add_argument("--max-tokens-cap", type=int, help="server-side cap on every request's max_tokens")
-    parser.add_argument(
-        "--cap-mode",
-        default="clamp",
-        choices=CAP_MODES,
-        help="clamp: lower max_tokens to the cap (said in the X-Kvtune-Max-Tokens header); reject: a 400",
-    )
     parser.add_argument(
         "--upstream-timeout",
         type=float,
@@ -72,16 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the upstream may stay silent (before its answer, or between streamed chunks) before "
         "the client gets a 504; connecting gets at most 10 s",
     )
-    parser.add_argument(
-        "--prefix-key-header",
-        metavar="NAME",
-        help="key the prefix-defeat detector by this request header (a tenant or route) instead of the model",
-    )
-    parser.add_argument(
-        "--prefix-report-text",
-        action="store_true",
-        help="let /kvtune/prefix-report show the text of varying spans (prompt text is user data: off by default)",
-    )
+    add_front_arguments(parser)
     parser.add_argument(
         "--uvicorn-access-log",
         action="store_true",

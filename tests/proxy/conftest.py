@@ -8,28 +8,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
 from kvtune.proxy.cap import CapPolicy
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
+from tests.server import conftest as server_conftest
 from tests.server.live_server import LiveServer, start_server
 
 TENANT_HEADER = "X-Tenant"
 
-
-@pytest.fixture(autouse=True, scope="session")
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; more threads spin-wait against each other on a 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny"))
+# The engine tests' session fixtures: one torch thread, and the tiny checkpoint.
+one_torch_thread = server_conftest.one_torch_thread
+tiny_dir = server_conftest.tiny_dir
 
 
 @pytest.fixture(scope="session")
