@@ -21,7 +21,7 @@ RUNBOOK_URL = "https://github.com/kvtune/kvtune/blob/main/README.md#runbook-{anc
 # Filled in by whoever reads the alert: the Prometheus the alert came from.
 DOCTOR_COMMAND = (
     "kvtune doctor --prometheus <PROMETHEUS_URL> "
-    "--selector 'namespace=\"{{ $labels.namespace }}\",pod=\"{{ $labels.pod }}\"'"
+    '--selector \'namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"\''
 )
 ENGINE_GROUP = "kvtune-engine.rules"
 ENGINE_ALERT_GROUP = "kvtune-engine.alerts"
@@ -67,10 +67,7 @@ def spellings(*colon_names: str) -> list[str]:
 
 def _any_of(names: Sequence[str], function: str | None = None) -> str:
     """`a or b or ...`, each wrapped in `function(name[5m])` when a function is given."""
-    if function is None:
-        terms = list(names)
-    else:
-        terms = [f"{function}({name}[{RATE_WINDOW}])" for name in names]
+    terms = list(names) if function is None else [f"{function}({name}[{RATE_WINDOW}])" for name in names]
     return "\n  or ".join(terms)
 
 
@@ -125,7 +122,10 @@ def recording_rules() -> list[RecordingRule]:
         # No value while nothing is queried, rather than 0/0.
         RecordingRule(
             "kvtune_engine:prefix_hit:ratio",
-            _by("sum", _any_of(PREFIX_HITS, "rate")) + "\n/\n" + _by("sum", _any_of(PREFIX_QUERIES, "rate")) + " > 0",
+            _by("sum", _any_of(PREFIX_HITS, "rate"))
+            + "\n/\n"
+            + _by("sum", _any_of(PREFIX_QUERIES, "rate"))
+            + " > 0",
         ),
         RecordingRule(
             "kvtune_engine:prefix_defeats:rate5m",
@@ -135,7 +135,9 @@ def recording_rules() -> list[RecordingRule]:
             "kvtune_engine:prefix_defeat_tokens:rate5m",
             _by("sum", _any_of(spellings("kvtune:prefix_defeat_tokens_total"), "rate"), "reason"),
         ),
-        RecordingRule("kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only("kvtune:kv_effective_utilization"))),
+        RecordingRule(
+            "kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only("kvtune:kv_effective_utilization"))
+        ),
         RecordingRule("kvtune_engine:max_num_seqs", _by("max", _kvtune_only("kvtune:max_num_seqs"))),
         RecordingRule("kvtune_engine:max_tokens_cap", _by("max", _kvtune_only("kvtune:max_tokens_cap"))),
         RecordingRule(
@@ -145,8 +147,12 @@ def recording_rules() -> list[RecordingRule]:
     ]
     for short, names in HISTOGRAMS.items():
         buckets = [name + "_bucket" for name in names]
-        rules.append(RecordingRule(f"kvtune_engine:{short}_bucket:rate5m", _by("sum", _any_of(buckets, "rate"), "le")))
-    rules.append(RecordingRule("kvtune_engine:up", f"clamp(\n  {_by('count', _any_of(PRESENCE))},\n  1, 1\n)"))
+        rules.append(
+            RecordingRule(f"kvtune_engine:{short}_bucket:rate5m", _by("sum", _any_of(buckets, "rate"), "le"))
+        )
+    rules.append(
+        RecordingRule("kvtune_engine:up", f"clamp(\n  {_by('count', _any_of(PRESENCE))},\n  1, 1\n)")
+    )
     return rules
 
 
@@ -167,9 +173,9 @@ def alert_rules() -> list[AlertRule]:
             expr="kvtune_engine:preemptions:increase5m > 0",
             for_="0s",
             severity="warning",
-            summary="{{ $value | printf \"%.0f\" }} KV-cache preemptions in 5m on " + WHERE,
+            summary='{{ $value | printf "%.0f" }} KV-cache preemptions in 5m on ' + WHERE,
             description=(
-                f"{WHERE} {MODEL} preempted about {{{{ $value | printf \"%.0f\" }}}} requests in the last 5 "
+                f'{WHERE} {MODEL} preempted about {{{{ $value | printf "%.0f" }}}} requests in the last 5 '
                 "minutes: the KV cache ran out of blocks, and running requests were evicted to recompute "
                 "their prompts later. Any preemption wastes compute and adds latency. Run the doctor "
                 "(annotation `doctor`) for the cause and the remedies in ladder order."
@@ -180,10 +186,10 @@ def alert_rules() -> list[AlertRule]:
             expr="kvtune_engine:preemptions:rate5m > 1",
             for_="5m",
             severity="critical",
-            summary="{{ $value | printf \"%.1f\" }} KV-cache preemptions per second on " + WHERE,
+            summary='{{ $value | printf "%.1f" }} KV-cache preemptions per second on ' + WHERE,
             description=(
                 f"{WHERE} {MODEL} has preempted more than one request per second for 5 minutes "
-                "({{ $value | printf \"%.1f\" }}/s now): most of its compute goes to recomputing evicted "
+                '({{ $value | printf "%.1f" }}/s now): most of its compute goes to recomputing evicted '
                 "prompts. Lower max_num_seqs or cap max_tokens now; the doctor gives the values."
             ),
         ),
@@ -205,7 +211,9 @@ def alert_rules() -> list[AlertRule]:
         AlertRule(
             alert="PrefixCacheDefeated",
             expr=(
-                _cause("sum by (namespace, pod, model_name) (kvtune_engine:prefix_defeats:rate5m) > 0", "defeats")
+                _cause(
+                    "sum by (namespace, pod, model_name) (kvtune_engine:prefix_defeats:rate5m) > 0", "defeats"
+                )
                 + "\nor\n"
                 + _cause(
                     "kvtune_engine:prefix_hit:ratio < 0.5 * (kvtune_engine:prefix_hit:ratio offset 1h)\n"
@@ -217,8 +225,8 @@ def alert_rules() -> list[AlertRule]:
             severity="warning",
             summary="Prefix cache defeated on " + WHERE + " ({{ $labels.cause }})",
             description=(
-                f"{WHERE} {MODEL}: {{{{ if eq $labels.cause \"defeats\" }}}}prompts that share content with "
-                "earlier ones keep missing the prefix cache ({{ $value | printf \"%.2f\" }} defeats/s): "
+                f'{WHERE} {MODEL}: {{{{ if eq $labels.cause "defeats" }}}}prompts that share content with '
+                'earlier ones keep missing the prefix cache ({{ $value | printf "%.2f" }} defeats/s): '
                 "something varies at their head (a timestamp, a request id) or their chunking is misaligned."
                 "{{ else }}the prefix-cache hit rate fell to {{ $value | humanizePercentage }}, under half of "
                 "what it was an hour ago.{{ end }} The doctor names the reasons and the fix."
@@ -258,7 +266,7 @@ def operator_alert_rules() -> list[AlertRule]:
             severity="warning",
             summary="kvtune operator cannot act on {{ $labels.namespace }}/{{ $labels.policy }} ({{ $labels.cause }})",
             description=(
-                "The kvtune operator has had {{ if eq $labels.cause \"errors\" }}errors{{ else }}no metrics to "
+                'The kvtune operator has had {{ if eq $labels.cause "errors" }}errors{{ else }}no metrics to '
                 "read{{ end }} for policy {{ $labels.namespace }}/{{ $labels.policy }} for 15 minutes: it "
                 "can neither diagnose nor tune that engine. Its log and the policy's status conditions say why."
             ),
@@ -298,7 +306,7 @@ def groups_dict() -> list[dict[str, object]]:
     return [{"name": g.name, "rules": [_rule_dict(r) for r in g.rules]} for g in rule_groups()]
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no type stubs
     """Multi-line strings (PromQL) as literal blocks, so the rendered files read like hand-written ones."""
 
 
@@ -313,7 +321,8 @@ HEADER = "# Generated by `kvtune rules build` from kvtune/observability/rules.py
 
 
 def _dump(document: object) -> str:
-    return HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    body: str = yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    return HEADER + body
 
 
 def render_rules_file() -> str:

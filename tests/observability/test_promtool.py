@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvtune.cli import main
 from kvtune.observability import command, rules
 from tests.observability.tools import require
 
@@ -30,20 +29,6 @@ def test_committed_files_match_the_source() -> None:
         assert committed.read_text() == content, (
             f"{committed} drifted from kvtune/observability/rules.py: run `kvtune rules build` and commit it"
         )
-
-
-def test_build_writes_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["rules", "build", "--out", str(tmp_path / "out")]) == 0
-    written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == sorted(command.rendered_files())
-    assert capsys.readouterr().out.count("\n") == 2
-
-
-def test_build_into_a_file_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    assert main(["rules", "build", "--out", str(blocker)]) == 2
-    assert capsys.readouterr().err.strip() == f"kvtune: error: --out {blocker} is not a directory"
 
 
 def test_prometheus_rule_carries_the_same_groups() -> None:

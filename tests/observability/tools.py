@@ -11,7 +11,11 @@ import shutil
 
 import pytest
 
-DEBIAN_PACKAGE = {"promtool": "prometheus", "prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager"}
+DEBIAN_PACKAGE = {
+    "promtool": "prometheus",
+    "prometheus": "prometheus",
+    "prometheus-alertmanager": "prometheus-alertmanager",
+}
 
 
 def require(binary: str) -> str:
