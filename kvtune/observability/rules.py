@@ -30,12 +30,16 @@ OPERATOR_ALERT_GROUP = "kvtune-operator.alerts"
 
 @dataclass(frozen=True)
 class RecordingRule:
+    """One series of the `kvtune_engine:` family, computed from every engine's spellings."""
+
     record: str
     expr: str
 
 
 @dataclass(frozen=True)
 class AlertRule:
+    """An alert with what a person paged needs: what happened where, the runbook, the doctor command."""
+
     alert: str
     expr: str
     for_: str
@@ -52,6 +56,8 @@ class AlertRule:
 
 @dataclass(frozen=True)
 class RuleGroup:
+    """Rules evaluated together; recording rules come first, so alerts read this round's family."""
+
     name: str
     rules: Sequence[RecordingRule | AlertRule]
 
@@ -111,6 +117,18 @@ def _kvtune_only(name: str) -> str:
     return _any_of(spellings(name))
 
 
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")
+
+
+def _hit_ratio() -> str:
+    """Hit tokens over queried tokens. No value while nothing is queried (rather than 0/0), but 0 when
+    queries come and the engine has no hit series yet (SGLang creates its counter on the first hit)."""
+    hits = _by("sum", _any_of(PREFIX_HITS, "rate"))
+    queries = _by("sum", _any_of(PREFIX_QUERIES, "rate"))
+    return f"(\n  {_indent(hits)}\n  or 0 * {_indent(queries)}\n)\n/\n(\n  {_indent(queries)} > 0\n)"
+
+
 def recording_rules() -> list[RecordingRule]:
     rules = [
         RecordingRule("kvtune_engine:kv_usage:ratio", _by("max", _any_of(KV_USAGE))),
@@ -119,14 +137,7 @@ def recording_rules() -> list[RecordingRule]:
         RecordingRule("kvtune_engine:preemptions:rate5m", _by("sum", _any_of(PREEMPTIONS, "rate"))),
         RecordingRule("kvtune_engine:requests_running", _by("sum", _any_of(RUNNING))),
         RecordingRule("kvtune_engine:requests_waiting", _by("sum", _any_of(WAITING))),
-        # No value while nothing is queried, rather than 0/0.
-        RecordingRule(
-            "kvtune_engine:prefix_hit:ratio",
-            _by("sum", _any_of(PREFIX_HITS, "rate"))
-            + "\n/\n"
-            + _by("sum", _any_of(PREFIX_QUERIES, "rate"))
-            + " > 0",
-        ),
+        RecordingRule("kvtune_engine:prefix_hit:ratio", _hit_ratio()),
         RecordingRule(
             "kvtune_engine:prefix_defeats:rate5m",
             _by("sum", _any_of(spellings("kvtune:prefix_defeats_total"), "rate"), "reason"),
