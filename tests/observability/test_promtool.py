@@ -83,3 +83,24 @@ def test_every_recording_rule_has_a_value_checked() -> None:
         if check["exp_samples"]
     }
     assert {r.record for r in rules.recording_rules()} <= checked
+
+
+def test_every_recording_rule_keeps_the_pod_labels() -> None:
+    for rule in rules.recording_rules():
+        assert rule.record.startswith("kvtune_engine:"), rule.record
+        assert "by (namespace, pod, model_name" in rule.expr, rule.record
+
+
+def test_every_alert_links_its_runbook_and_the_doctor() -> None:
+    for alert in rules.alert_rules() + rules.operator_alert_rules():
+        assert alert.runbook_url == (
+            f"https://github.com/kvtune/kvtune/blob/main/README.md#runbook-{alert.alert.lower()}"
+        )
+        assert alert.doctor.startswith("kvtune doctor --prometheus ")
+        assert alert.severity in {"warning", "critical"}
+
+
+def test_prometheus_rule_takes_its_name_namespace_and_labels() -> None:
+    crd = yaml.safe_load(rules.render_prometheus_rule("llm-rules", "serving", {"release": "prom"}))
+    assert crd["metadata"] == {"name": "llm-rules", "namespace": "serving", "labels": {"release": "prom"}}
+    assert [g["name"] for g in crd["spec"]["groups"]] == [g.name for g in rules.rule_groups()]
