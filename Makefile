@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # C++ sources compiled for this CPU: the attention kernel and the benchmarks' probes.
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
-.PHONY: demo test lint typecheck unit clean
+.PHONY: demo test lint typecheck unit clean observability-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,9 +30,25 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
+# The rules' promtool tests and the live alert test run Debian's Prometheus and Alertmanager: installed
+# here when missing (root, apt-get), else a clear error; the tests themselves fail, never skip, without them.
+OBSERVABILITY_TOOLS := promtool prometheus prometheus-alertmanager
+OBSERVABILITY_PACKAGES := prometheus prometheus-alertmanager
+observability-tools:
+	@missing=""; for tool in $(OBSERVABILITY_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "error:$$missing not found; as root run: apt-get install -y --no-install-recommends $(OBSERVABILITY_PACKAGES)" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "installing $(OBSERVABILITY_PACKAGES) (missing:$$missing)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    $(OBSERVABILITY_PACKAGES) || { echo "error: apt-get could not install $(OBSERVABILITY_PACKAGES)" >&2; exit 1; }; \
+	fi
+
 # mypy (half a minute on one core) runs beside pytest, which mostly keeps one core busy. Its report is
 # printed only when it finds something, so pytest's summary stays the last line of a green run.
-test: lint
+test: lint observability-tools
 	@echo "mypy kvtune runs beside pytest; its report follows pytest's only if it finds a problem"
 	$(BIN)/mypy kvtune > $(VENV)/mypy.log 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS); unit=$$?; \

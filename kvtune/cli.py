@@ -34,6 +34,7 @@ VERBS: dict[str, tuple[str, str]] = {
         "kvtune.operator.command",
         "the tuning operator (--local: against one engine, no Kubernetes)",
     ),
+    "rules": ("kvtune.observability.command", "render the Prometheus recording and alert rules"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.bench.kernels", "paged-attention kernels against the machine's memory bandwidth"),

@@ -1,0 +1,1 @@
+"""Observability as code: the recording and alert rules (and, beside them, dashboards and reports)."""

@@ -1,0 +1,353 @@
+"""The recording and alert rules, as data, and their two renderings (a plain rules file, a PrometheusRule).
+
+Recording rules fold every engine's names into one family, `kvtune_engine:`: vLLM's current and legacy
+names, SGLang's, kvtune serve's and the proxy's, each in its colon spelling and the `vllm_` spelling that a
+Prometheus 2.x scrape of a recent prometheus-client stores (see reference/observability.md). Spellings are
+joined with `or`, which matches on labels without the metric name, so an engine exposed under two spellings
+is counted once. Every rule keeps `namespace`, `pod` and `model_name`. Alerts read only that family and the
+operator's own metrics, so one alert works on every engine, and a rule's test is a test of every source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import yaml
+
+KEEP = ("namespace", "pod", "model_name")
+RATE_WINDOW = "5m"
+RUNBOOK_URL = "https://github.com/kvtune/kvtune/blob/main/README.md#runbook-{anchor}"
+# Filled in by whoever reads the alert: the Prometheus the alert came from.
+DOCTOR_COMMAND = (
+    "kvtune doctor --prometheus <PROMETHEUS_URL> "
+    '--selector \'namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"\''
+)
+ENGINE_GROUP = "kvtune-engine.rules"
+ENGINE_ALERT_GROUP = "kvtune-engine.alerts"
+OPERATOR_ALERT_GROUP = "kvtune-operator.alerts"
+
+
+@dataclass(frozen=True)
+class RecordingRule:
+    """One series of the `kvtune_engine:` family, computed from every engine's spellings."""
+
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """An alert with what a person paged needs: what happened where, the runbook, the doctor command."""
+
+    alert: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    doctor: str = DOCTOR_COMMAND
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def runbook_url(self) -> str:
+        return RUNBOOK_URL.format(anchor=self.alert.lower())
+
+
+@dataclass(frozen=True)
+class RuleGroup:
+    """Rules evaluated together; recording rules come first, so alerts read this round's family."""
+
+    name: str
+    rules: Sequence[RecordingRule | AlertRule]
+
+
+# --- source names ------------------------------------------------------------------------------------------
+def spellings(*colon_names: str) -> list[str]:
+    """Each name in its colon spelling and in the underscore spelling an OpenMetrics scrape stores."""
+    out: list[str] = []
+    for name in colon_names:
+        out += [name, name.replace(":", "_", 1)]
+    return out
+
+
+def _any_of(names: Sequence[str], function: str | None = None) -> str:
+    """`a or b or ...`, each wrapped in `function(name[5m])` when a function is given."""
+    terms = list(names) if function is None else [f"{function}({name}[{RATE_WINDOW}])" for name in names]
+    return "\n  or ".join(terms)
+
+
+def _by(aggregation: str, inner: str, *extra: str) -> str:
+    labels = ", ".join((*KEEP, *extra))
+    return f"{aggregation} by ({labels}) (\n  {inner}\n)"
+
+
+KV_USAGE = spellings("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+PREEMPTIONS = spellings(
+    "vllm:num_preemptions_total",
+    "sglang:num_retracted_requests_total",
+    "sglang:total_retracted_reqs",  # older SGLang: a cumulative count kept in a gauge
+)
+RUNNING = spellings("vllm:num_requests_running", "sglang:num_running_reqs")
+WAITING = spellings("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+PREFIX_HITS = spellings(
+    "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total"
+)
+PREFIX_QUERIES = spellings(
+    "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total"
+)
+HISTOGRAMS: dict[str, list[str]] = {
+    "ttft_seconds": spellings("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    "itl_seconds": spellings(
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",  # its name before vLLM 0.10
+        "sglang:inter_token_latency_seconds",
+    ),
+    "e2e_seconds": spellings("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
+    "queue_seconds": spellings("vllm:request_queue_time_seconds"),
+    "prompt_tokens": spellings("vllm:request_prompt_tokens", "sglang:prompt_tokens_histogram"),
+    "generation_tokens": spellings("vllm:request_generation_tokens", "sglang:generation_tokens_histogram"),
+    "max_tokens": spellings("vllm:request_params_max_tokens"),
+}
+# Series every engine (or proxy) exposes from its first scrape: what `kvtune_engine:up` counts.
+PRESENCE = [*RUNNING, *spellings("kvtune:max_tokens_cap")]
+
+
+def _kvtune_only(name: str) -> str:
+    return _any_of(spellings(name))
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")
+
+
+def _hit_ratio() -> str:
+    """Hit tokens over queried tokens. No value while nothing is queried (rather than 0/0), but 0 when
+    queries come and the engine has no hit series yet (SGLang creates its counter on the first hit)."""
+    hits = _by("sum", _any_of(PREFIX_HITS, "rate"))
+    queries = _by("sum", _any_of(PREFIX_QUERIES, "rate"))
+    return f"(\n  {_indent(hits)}\n  or 0 * {_indent(queries)}\n)\n/\n(\n  {_indent(queries)} > 0\n)"
+
+
+def recording_rules() -> list[RecordingRule]:
+    rules = [
+        RecordingRule("kvtune_engine:kv_usage:ratio", _by("max", _any_of(KV_USAGE))),
+        RecordingRule("kvtune_engine:preemptions:total", _by("sum", _any_of(PREEMPTIONS))),
+        RecordingRule("kvtune_engine:preemptions:increase5m", _by("sum", _any_of(PREEMPTIONS, "increase"))),
+        RecordingRule("kvtune_engine:preemptions:rate5m", _by("sum", _any_of(PREEMPTIONS, "rate"))),
+        RecordingRule("kvtune_engine:requests_running", _by("sum", _any_of(RUNNING))),
+        RecordingRule("kvtune_engine:requests_waiting", _by("sum", _any_of(WAITING))),
+        RecordingRule("kvtune_engine:prefix_hit:ratio", _hit_ratio()),
+        RecordingRule(
+            "kvtune_engine:prefix_defeats:rate5m",
+            _by("sum", _any_of(spellings("kvtune:prefix_defeats_total"), "rate"), "reason"),
+        ),
+        RecordingRule(
+            "kvtune_engine:prefix_defeat_tokens:rate5m",
+            _by("sum", _any_of(spellings("kvtune:prefix_defeat_tokens_total"), "rate"), "reason"),
+        ),
+        RecordingRule(
+            "kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only("kvtune:kv_effective_utilization"))
+        ),
+        RecordingRule("kvtune_engine:max_num_seqs", _by("max", _kvtune_only("kvtune:max_num_seqs"))),
+        RecordingRule("kvtune_engine:max_tokens_cap", _by("max", _kvtune_only("kvtune:max_tokens_cap"))),
+        RecordingRule(
+            "kvtune_engine:capped_requests:rate5m",
+            _by("sum", _any_of(spellings("kvtune:capped_requests_total"), "rate"), "mode"),
+        ),
+    ]
+    for short, names in HISTOGRAMS.items():
+        buckets = [name + "_bucket" for name in names]
+        rules.append(
+            RecordingRule(f"kvtune_engine:{short}_bucket:rate5m", _by("sum", _any_of(buckets, "rate"), "le"))
+        )
+    rules.append(
+        RecordingRule("kvtune_engine:up", f"clamp(\n  {_by('count', _any_of(PRESENCE))},\n  1, 1\n)")
+    )
+    return rules
+
+
+# --- alerts ------------------------------------------------------------------------------------------------
+def _cause(expr: str, cause: str) -> str:
+    """Tags one branch of an alert with `cause`, so an alert with two triggers says which one fired."""
+    return f'label_replace(\n  {expr},\n  "cause", "{cause}", "", ""\n)'
+
+
+WHERE = "{{ $labels.namespace }}/{{ $labels.pod }}"
+MODEL = "(model {{ $labels.model_name }})"
+
+
+def alert_rules() -> list[AlertRule]:
+    return [
+        AlertRule(
+            alert="KVCachePreemptions",
+            expr="kvtune_engine:preemptions:increase5m > 0",
+            for_="0s",
+            severity="warning",
+            summary='{{ $value | printf "%.0f" }} KV-cache preemptions in 5m on ' + WHERE,
+            description=(
+                f'{WHERE} {MODEL} preempted about {{{{ $value | printf "%.0f" }}}} requests in the last 5 '
+                "minutes: the KV cache ran out of blocks, and running requests were evicted to recompute "
+                "their prompts later. Any preemption wastes compute and adds latency. Run the doctor "
+                "(annotation `doctor`) for the cause and the remedies in ladder order."
+            ),
+        ),
+        AlertRule(
+            alert="KVCachePreemptionStorm",
+            expr="kvtune_engine:preemptions:rate5m > 1",
+            for_="5m",
+            severity="critical",
+            summary='{{ $value | printf "%.1f" }} KV-cache preemptions per second on ' + WHERE,
+            description=(
+                f"{WHERE} {MODEL} has preempted more than one request per second for 5 minutes "
+                '({{ $value | printf "%.1f" }}/s now): most of its compute goes to recomputing evicted '
+                "prompts. Lower max_num_seqs or cap max_tokens now; the doctor gives the values."
+            ),
+        ),
+        AlertRule(
+            alert="KVCacheSaturated",
+            expr=(
+                "kvtune_engine:kv_usage:ratio > 0.95\nand on (namespace, pod, model_name)\n"
+                "kvtune_engine:requests_waiting > 0"
+            ),
+            for_="10m",
+            severity="warning",
+            summary="KV cache {{ $value | humanizePercentage }} full with requests waiting on " + WHERE,
+            description=(
+                f"{WHERE} {MODEL} has kept its KV cache above 95% ({{{{ $value | humanizePercentage }}}} now) "
+                "for 10 minutes while requests wait: the pool, not compute, limits throughput, and "
+                "preemptions are one burst away."
+            ),
+        ),
+        AlertRule(
+            alert="PrefixCacheDefeated",
+            expr=(
+                _cause(
+                    "sum by (namespace, pod, model_name) (kvtune_engine:prefix_defeats:rate5m) > 0", "defeats"
+                )
+                + "\nor\n"
+                + _cause(
+                    "kvtune_engine:prefix_hit:ratio < 0.5 * (kvtune_engine:prefix_hit:ratio offset 1h)\n"
+                    "  and (kvtune_engine:prefix_hit:ratio offset 1h) > 0.2",
+                    "hit_rate_collapsed",
+                )
+            ),
+            for_="10m",
+            severity="warning",
+            summary="Prefix cache defeated on " + WHERE + " ({{ $labels.cause }})",
+            description=(
+                f'{WHERE} {MODEL}: {{{{ if eq $labels.cause "defeats" }}}}prompts that share content with '
+                'earlier ones keep missing the prefix cache ({{ $value | printf "%.2f" }} defeats/s): '
+                "something varies at their head (a timestamp, a request id) or their chunking is misaligned."
+                "{{ else }}the prefix-cache hit rate fell to {{ $value | humanizePercentage }}, under half of "
+                "what it was an hour ago.{{ end }} The doctor names the reasons and the fix."
+            ),
+        ),
+        AlertRule(
+            alert="EngineMetricsAbsent",
+            expr=(
+                "absent(kvtune_engine:up)\nor\n"
+                "(\n  max_over_time(kvtune_engine:up[1h])\n  unless kvtune_engine:up\n)\n"
+                "and on (namespace, pod) up"
+            ),
+            for_="5m",
+            severity="warning",
+            summary="No engine metrics{{ with $labels.pod }} from {{ $labels.namespace }}/{{ . }}{{ end }}",
+            description=(
+                "{{ if $labels.pod }}" + WHERE + " is still a scrape target but has exposed no engine series "
+                "for 5 minutes{{ else }}Prometheus holds no series of any engine kvtune knows{{ end }}: the "
+                "scrape fails, or the names changed (a `vllm:` name stored as `vllm_` is read; an unknown "
+                "engine is not). Preemption and saturation alerts cannot fire meanwhile."
+            ),
+        ),
+    ]
+
+
+def operator_alert_rules() -> list[AlertRule]:
+    by = "sum by (namespace, policy)"
+    return [
+        AlertRule(
+            alert="KVTuneOperatorCannotAct",
+            expr=(
+                _cause(f"{by} (increase(kvtune_operator_errors_total[5m])) > 0", "errors")
+                + "\nor\n"
+                + _cause(f"{by} (increase(kvtune_operator_no_data_total[5m])) > 0", "no_data")
+            ),
+            for_="15m",
+            severity="warning",
+            summary="kvtune operator cannot act on {{ $labels.namespace }}/{{ $labels.policy }} ({{ $labels.cause }})",
+            description=(
+                'The kvtune operator has had {{ if eq $labels.cause "errors" }}errors{{ else }}no metrics to '
+                "read{{ end }} for policy {{ $labels.namespace }}/{{ $labels.policy }} for 15 minutes: it "
+                "can neither diagnose nor tune that engine. Its log and the policy's status conditions say why."
+            ),
+            doctor="kvtune doctor --prometheus <PROMETHEUS_URL> --selector 'namespace=\"{{ $labels.namespace }}\"'",
+        )
+    ]
+
+
+def rule_groups() -> list[RuleGroup]:
+    return [
+        RuleGroup(ENGINE_GROUP, recording_rules()),
+        RuleGroup(ENGINE_ALERT_GROUP, alert_rules()),
+        RuleGroup(OPERATOR_ALERT_GROUP, operator_alert_rules()),
+    ]
+
+
+# --- rendering ---------------------------------------------------------------------------------------------
+def _rule_dict(rule: RecordingRule | AlertRule) -> dict[str, object]:
+    if isinstance(rule, RecordingRule):
+        return {"record": rule.record, "expr": rule.expr}
+    annotations = {
+        "summary": rule.summary,
+        "description": rule.description,
+        "runbook_url": rule.runbook_url,
+        "doctor": rule.doctor,
+    }
+    return {
+        "alert": rule.alert,
+        "expr": rule.expr,
+        "for": rule.for_,
+        "labels": {"severity": rule.severity, **rule.extra_labels},
+        "annotations": annotations,
+    }
+
+
+def groups_dict() -> list[dict[str, object]]:
+    return [{"name": g.name, "rules": [_rule_dict(r) for r in g.rules]} for g in rule_groups()]
+
+
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no type stubs
+    """Multi-line strings (PromQL) as literal blocks, so the rendered files read like hand-written ones."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+HEADER = "# Generated by `kvtune rules build` from kvtune/observability/rules.py. Do not edit.\n"
+
+
+def _dump(document: object) -> str:
+    body: str = yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    return HEADER + body
+
+
+def render_rules_file() -> str:
+    """The plain Prometheus rules file (`rule_files:` in prometheus.yml, `promtool check rules`)."""
+    return _dump({"groups": groups_dict()})
+
+
+def render_prometheus_rule(name: str, namespace: str, labels: Mapping[str, str]) -> str:
+    """The same groups as a prometheus-operator PrometheusRule; `labels` must match the Prometheus'
+    ruleSelector (kube-prometheus-stack selects `release: <its release name>`)."""
+    document = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {"groups": groups_dict()},
+    }
+    return _dump(document)
