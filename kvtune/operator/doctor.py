@@ -91,6 +91,7 @@ def parse_duration(text: str) -> float:
 
 
 def span_text(seconds: float) -> str:
+    """A span as a person says it: `32 minutes`, or `4.5 minutes` when short."""
     minutes = seconds / 60
     return f"{minutes:.0f} minutes" if minutes >= 10 else f"{minutes:.1f} minutes"
 
