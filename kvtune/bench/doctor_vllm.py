@@ -10,6 +10,10 @@ alternate (one server at a time, a fresh boot per run) and the medians are compa
 Pass: zero preemptions in every recommended run, no request lost, and recommended throughput (generated
 tokens/s, median) at least `--min-ratio` of the original's: the value must cure preemption without being
 needlessly conservative.
+
+`--after-the-incident`: as a user runs the doctor, after the fact. The first run's load goes to its end
+first; then the doctor reads the quiet vLLM, which it must diagnose from the counters since boot (and say
+so), and the replays use that recommendation. Recorded in a section of its own.
 """
 
 from __future__ import annotations
@@ -39,18 +43,17 @@ from kvtune.bench.vllm_cpu import (
     start_server,
 )
 from kvtune.errors import KvtuneError
-from kvtune.operator.diagnosis import diagnose, no_data
-from kvtune.operator.doctor import collect, report
-from kvtune.operator.engine_view import EngineView, engine_view_from_sample
+from kvtune.operator.doctor import SINCE_BOOT, collect, examine, report
+from kvtune.operator.engine_view import EngineView
 from kvtune.operator.ladder import plan
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sources import MetricsEndpoint
-from kvtune.operator.window import Window
 
 ORIGINAL = "original"
 RECOMMENDED = "recommended"
 SUCCESS_METRIC = "vllm:request_success_total"
 SECTION = "doctor-vllm"
+SECTION_AFTER = "doctor-vllm-after-the-incident"
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,20 @@ def recommended_max_num_seqs(doctor_json: dict[str, Any]) -> int | None:
     return None
 
 
+def section_name(after_the_incident: bool) -> str:
+    return SECTION_AFTER if after_the_incident else SECTION
+
+
+def not_looking_back(doctor_json: dict[str, Any]) -> str | None:
+    """Why the doctor's report on the quiet vLLM is not a diagnosis from the counters since boot (the
+    after-the-incident run's premise), or None when it is."""
+    if doctor_json.get("basis") == SINCE_BOOT:
+        return None
+    notes = doctor_json.get("findings", {}).get("notes", [])
+    said = "; ".join(str(note.get("message")) for note in notes) or "no findings"
+    return f"the doctor did not diagnose from the counters since boot (status {doctor_json.get('status')}: {said})"
+
+
 def remedy_evidence(doctor_json: dict[str, Any], name: str = "lower_max_num_seqs") -> str:
     for remedy in doctor_json.get("remedies", []):
         if remedy.get("remedy") == name:
@@ -241,12 +258,14 @@ def wait_for_finished(url: str, count: int, timeout_s: float) -> float:
 
 
 def run_doctor(url: str, samples: int, window_s: float, known: EngineView) -> dict[str, Any]:
-    """What `kvtune doctor --metrics-url URL --json --samples N --window-seconds W` prints, as a dict."""
-    source = MetricsEndpoint(url)
-    taken, failure = collect(source, samples, window_s)
-    engine = engine_view_from_sample(taken[-1] if taken else None, known)
-    d = diagnose(Window.of(taken), engine) if taken else no_data(failure.reason if failure else "no sample")
-    return report(d, engine, plan(d, engine, TuningPolicy()), url)
+    """What `kvtune doctor --metrics-url URL --json --samples N --window-seconds W` prints, as a dict (on
+    a quiet engine, from its counters since boot, as the command does)."""
+    taken, failure = collect(MetricsEndpoint(url), samples, window_s)
+    found = examine(taken, failure, known, quiet_looks_back=True)
+    d, engine = found.diagnosis, found.engine
+    return report(
+        d, engine, plan(d, engine, TuningPolicy()), url, None, found.basis, found.since_boot_seconds
+    )
 
 
 async def _load_with_doctor(
@@ -259,6 +278,15 @@ async def _load_with_doctor(
 
     result, (data, finished) = await asyncio.gather(run_batch(url, model, spec), doctor())
     return result, data, finished
+
+
+def _load_then_doctor(
+    url: str, model: str, spec: BatchSpec, args: argparse.Namespace, known: EngineView
+) -> tuple[LoadResult, dict[str, Any], float]:
+    """The load to its end, then the doctor on the quiet server (every request finished by then)."""
+    result = asyncio.run(run_batch(url, model, spec))
+    finished = wait_for_finished(url, result.completed, 60.0)
+    return result, run_doctor(url, args.doctor_samples, args.doctor_window, known), finished
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -282,6 +310,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-ratio", type=float, default=0.8)
     parser.add_argument(
         "--wait-other-vllm", type=float, default=1800.0, help="seconds to wait for one to end"
+    )
+    parser.add_argument(
+        "--after-the-incident",
+        action="store_true",
+        help="run the first load to its end, then the doctor on the quiet vLLM (from its counters since boot)",
     )
     parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
 
@@ -318,9 +351,14 @@ def run(args: argparse.Namespace) -> int:
         known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
         wait_for_no_other_vllm(args.wait_other_vllm)
         with start_server(original, venv_dir=args.venv, log_path=folder / "vllm-diagnosis.log") as server:
-            result, doctor_json, finished = asyncio.run(
-                _load_with_doctor(server.url, original.served_model_name, spec, args, known)
-            )
+            if args.after_the_incident:
+                result, doctor_json, finished = _load_then_doctor(
+                    server.url, original.served_model_name, spec, args, known
+                )
+            else:
+                result, doctor_json, finished = asyncio.run(
+                    _load_with_doctor(server.url, original.served_model_name, spec, args, known)
+                )
         runs.append(Run.of("diagnosis", args.max_num_seqs, result))
         print(
             f"diagnosis run: {result.generated_tokens_per_s:,.1f} tokens/s, preemptions {result.preemptions}"
@@ -332,12 +370,13 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.max_num_seqs}): shrink the pool or add requests"
             )
         value = recommended_max_num_seqs(doctor_json)
-        if value is None:
+        problem = not_looking_back(doctor_json) if args.after_the_incident else None
+        if value is None or problem is not None:
             body = _section(args, spec, runs, None, doctor_json, finished, load_before, None)
             print(body)
             if not args.no_record:
-                record_section(SECTION, body)
-            print("FAIL: the doctor recommended no max_num_seqs although vLLM preempted")
+                record_section(section_name(args.after_the_incident), body)
+            print(f"FAIL: {problem or 'the doctor recommended no max_num_seqs although vLLM preempted'}")
             return 1
         print(f"doctor recommends max_num_seqs {args.max_num_seqs} → {value}")
         recommended = dataclasses.replace(original, max_num_seqs=value)
@@ -354,8 +393,42 @@ def run(args: argparse.Namespace) -> int:
     body = _section(args, spec, runs, value, doctor_json, finished, load_before, v)
     print(body)
     if not args.no_record:
-        record_section(SECTION, body)
+        record_section(section_name(args.after_the_incident), body)
     return 0 if v.passed else 1
+
+
+def title(after_the_incident: bool) -> str:
+    if after_the_incident:
+        return (
+            "## `kvtune doctor` after the incident, on a quiet vLLM's CPU build "
+            "(`kvtune bench doctor-vllm --after-the-incident`)"
+        )
+    return "## `kvtune doctor` against vLLM's CPU build (`kvtune bench doctor-vllm`)"
+
+
+def diagnosis_method(args: argparse.Namespace, finished: float, doctor_json: dict[str, Any]) -> str:
+    """How run 0 was diagnosed: mid-run, or after the load ended, from the counters since boot."""
+    command = (
+        f"`kvtune doctor --metrics-url URL --json --max-num-seqs {args.max_num_seqs} --max-model-len "
+        f"{args.max_model_len} --samples {args.doctor_samples} --window-seconds {args.doctor_window:g}`"
+    )
+    if not args.after_the_incident:
+        return (
+            f"Run 0 (max_num_seqs {args.max_num_seqs}) is the diagnosis run: once vLLM had finished "
+            f"{finished:.0f} requests, `kvtune doctor`'s Python API (as {command}) read vLLM's /metrics mid-run."
+        )
+    span = doctor_json.get("since_boot_seconds")
+    how = (
+        f"found nothing moving and diagnosed from the counters since boot ({span / 60:.1f} minutes, "
+        "process_start_time_seconds to the reading)"
+        if doctor_json.get("basis") == SINCE_BOOT and isinstance(span, int | float)
+        else f"did not diagnose from the counters since boot (basis {doctor_json.get('basis')})"
+    )
+    return (
+        f"Run 0 (max_num_seqs {args.max_num_seqs}) is the incident: the load ran to its end ({finished:.0f} "
+        f"requests finished); then, with vLLM quiet, `kvtune doctor`'s Python API (as {command}) read its "
+        f"/metrics, {how}."
+    )
 
 
 def _section(
@@ -373,21 +446,19 @@ def _section(
     versions = installed_versions(args.venv)
     notes = [f"[{n['severity']}] {n['message']} ({n['evidence']})" for n in findings.get("notes", [])]
     lines = [
-        "## `kvtune doctor` against vLLM's CPU build (`kvtune bench doctor-vllm`)",
+        title(args.after_the_incident),
         "",
         f"Method: vLLM {versions.get('vllm', '?')} (CPU build, torch {versions.get('torch', '?')}) serves the "
         f"tiny checkpoint with a KV pool of {args.kv_cache_tokens:,} usable tokens (block {args.block_size}, "
         f"max_model_len {args.max_model_len}, CPU threads {args.cpu_threads or 'auto'}). Workload: a fixed "
         f"request list (seed {spec.seed}) of {spec.num_requests} requests sent at once, prompts "
         f"{spec.prompt_tokens[0]}–{spec.prompt_tokens[1]} token ids, outputs {spec.output_tokens[0]}–"
-        f"{spec.output_tokens[1]} tokens with ignore_eos. Run 0 (max_num_seqs {args.max_num_seqs}) is the "
-        f"diagnosis run: once vLLM had finished {finished:.0f} requests, `kvtune doctor`'s Python API (as "
-        f"`kvtune doctor --metrics-url URL --json --max-num-seqs {args.max_num_seqs} --max-model-len "
-        f"{args.max_model_len} --samples {args.doctor_samples} --window-seconds {args.doctor_window:g}`) "
-        f"read vLLM's /metrics mid-run. Then {args.rounds} alternated pairs of fresh boots replay the same list "
+        f"{spec.output_tokens[1]} tokens with ignore_eos. {diagnosis_method(args, finished, doctor_json)} "
+        f"Then {args.rounds} alternated pairs of fresh boots replay the same list "
         "at the original and the recommended max_num_seqs; tokens/s = completion tokens ÷ batch wall time, "
         "preemptions = the delta of vllm:num_preemptions_total. Pass: zero preemptions with the recommended "
-        f"value and median throughput ≥ {args.min_ratio:.0%} of the original's.",
+        f"value and median throughput ≥ {args.min_ratio:.0%} of the original's"
+        + (", from a diagnosis of the quiet vLLM's counters since boot." if args.after_the_incident else "."),
         f"Machine: {machine_description()}. Revision {git_revision()}. Load average before "
         f"{load_before[0]:.2f}, after {load_after[0]:.2f} (1 min).",
         "",

@@ -1,18 +1,25 @@
-"""`kvtune doctor --metrics-url URL | --prometheus URL --selector S [--json]`: one-shot diagnosis and the
-remedies in ladder order, with concrete numbers a person can act on. Reading a server directly, it also
-reads the server's prefix report (kvtune serve, kvtune proxy) to say where each prefix-cache defeat lies;
-reading Prometheus, the defeat series alone name the reasons."""
+"""`kvtune doctor --metrics-url URL | --prometheus URL --selector S [--since D] [--json]`: one-shot
+diagnosis and the remedies in ladder order, with concrete numbers a person can act on. Reading a server
+directly, it also reads the server's prefix report (kvtune serve, kvtune proxy) to say where each
+prefix-cache defeat lies; reading Prometheus, the defeat series alone name the reasons.
+
+People run the doctor after the incident, so it looks back: through Prometheus, `--since` diagnoses a
+past span from range queries; on an engine that is quiet now but preempted since it started, it
+diagnoses from the counters and histograms since boot, and says so."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvtune.errors import KvtuneError
-from kvtune.operator.diagnosis import Diagnosis, diagnose, no_data
+from kvtune.operator import metric_names as m
+from kvtune.operator.diagnosis import Diagnosis, Finding, diagnose, no_data
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.ladder import Advice, plan
 from kvtune.operator.policy import TuningPolicy
@@ -25,7 +32,10 @@ from kvtune.operator.sources import (
     PrometheusSource,
     url_problem,
 )
-from kvtune.operator.window import Window
+from kvtune.operator.window import Window, since_boot
+
+WINDOW, RANGE, SINCE_BOOT = "window", "range", "since_boot"  # what the diagnosis covers
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 KNOB_LABELS = {
     "cap_max_tokens": "max_tokens cap",
@@ -46,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the kvtune proxy in front of the engine (its /metrics merged with --metrics-url's, its prefix report)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--since",
+        metavar="DURATION",
+        help="with --prometheus: diagnose the last DURATION (e.g. 1h, 30m, 1h30m) from range queries",
+    )
     parser.add_argument("--window-seconds", type=float, default=10.0, help="span the samples cover")
     parser.add_argument("--samples", type=int, default=2, help="samples taken across the window (>= 2)")
     parser.add_argument(
@@ -57,6 +72,92 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap-floor", type=int, default=TuningPolicy.cap_floor)
     parser.add_argument("--min-max-num-seqs", type=int, default=TuningPolicy.min_max_num_seqs)
     parser.add_argument("--shared-prefix-tokens", type=int, default=0, help="the workload's shared prefix")
+
+
+def parse_duration(text: str) -> float:
+    """`1h`, `30m`, `1h30m`, `45s`, `2d` (Prometheus' spelling) or plain seconds -> seconds, > 0."""
+    spelled = text.strip()
+    try:
+        seconds = float(spelled)
+    except ValueError:
+        if not re.fullmatch(r"(?:\d+(?:\.\d+)?[smhdw])+", spelled):
+            raise KvtuneError(f"--since: {text!r} is not a duration (e.g. 1h, 30m, 1h30m, 90s)") from None
+        seconds = sum(
+            float(n) * DURATION_UNITS[unit] for n, unit in re.findall(r"(\d+(?:\.\d+)?)([smhdw])", spelled)
+        )
+    if not seconds > 0 or seconds == float("inf"):
+        raise KvtuneError(f"--since: {text!r} must be a positive duration")
+    return seconds
+
+
+def span_text(seconds: float) -> str:
+    """A span as a person says it: `32 minutes`, or `4.5 minutes` when short."""
+    minutes = seconds / 60
+    return f"{minutes:.0f} minutes" if minutes >= 10 else f"{minutes:.1f} minutes"
+
+
+@dataclass(frozen=True)
+class Examined:
+    """A diagnosis, the engine it is about, and what span it covers (WINDOW, RANGE or SINCE_BOOT)."""
+
+    diagnosis: Diagnosis
+    engine: EngineView
+    basis: str = WINDOW
+    since_boot_seconds: float | None = None
+
+
+def looking_back(idle: Diagnosis, latest: Sample, engine: EngineView) -> Examined:
+    """An engine quiet in the sampled window whose counters show preemptions since boot: diagnose the span
+    from process start to now instead (`process_start_time_seconds` gives it), so a doctor run after the
+    incident still gives the ladder with numbers. No preemption since boot: idle, nothing to do."""
+    preempted = latest.counters.get(m.PREEMPTIONS) or 0.0
+    if preempted <= 0:
+        return Examined(idle, engine)
+    started = latest.gauges.get(m.PROCESS_START)
+    if started is None or started >= latest.timestamp:
+        unknown = Finding(
+            "QuietSinceBootUnknownSpan",
+            "warning",
+            f"the engine is quiet now, but its counters show {preempted:,.0f} preemptions since boot; "
+            "without process_start_time_seconds their span is unknown, so nothing is sized from them",
+            "run the doctor during the load, or through --prometheus with --since",
+        )
+        return Examined(replace(idle, findings=(*idle.findings, unknown)), engine)
+    span = latest.timestamp - started
+    d = diagnose(since_boot(latest, started), engine)
+    distributions = {
+        name: replace(value, since="since engine start")
+        for name in ("prompt_len", "generation_len", "declared_max_tokens")
+        if (value := getattr(d, name)) is not None
+    }
+    said = Finding(
+        "QuietSinceBoot",
+        "info",
+        f"the engine is quiet now; diagnosing from its counters since boot ({span_text(span)})",
+        f"num_preemptions {preempted:,.0f} since the process started (process_start_time_seconds, "
+        f"{span:,.0f} s ago); nothing moved in the {idle.window_seconds:.1f} s sampled ({idle.samples} samples)",
+    )
+    looked = replace(d, **distributions, findings=(said, *d.findings))
+    return Examined(looked, engine, SINCE_BOOT, span)
+
+
+def examine(
+    samples: list[Sample],
+    failure: NoData | None,
+    known: EngineView,
+    *,
+    quiet_looks_back: bool,
+    basis: str = WINDOW,
+) -> Examined:
+    """Diagnose the samples taken; on a quiet engine read directly (`quiet_looks_back`), look back to
+    boot. The one path `kvtune doctor` and the doctor-vllm benchmark share."""
+    engine = engine_view_from_sample(samples[-1] if samples else None, known)
+    if not samples:
+        return Examined(no_data(failure.reason if failure else "no sample"), engine, basis)
+    d = diagnose(Window.of(samples), engine)
+    if quiet_looks_back and d.status == "idle":
+        return looking_back(d, samples[-1], engine)
+    return Examined(d, engine, basis)
 
 
 def collect(source: MetricSource, samples: int, window_seconds: float) -> tuple[list[Sample], NoData | None]:
@@ -95,11 +196,15 @@ def report(
     remedies: list[Advice],
     source: str,
     prefix_report: dict[str, Any] | None = None,
+    basis: str = WINDOW,
+    since_boot_seconds: float | None = None,
 ) -> dict[str, Any]:
     gen = d.generation_len
     return {
         "source": source,
         "status": d.status,
+        "basis": basis,
+        "since_boot_seconds": since_boot_seconds,
         "findings": {
             "preemption_rate": d.preemption_rate,
             "preemptions": d.preemptions,
@@ -137,9 +242,12 @@ def _number(value: object) -> str:
 
 def format_text(data: dict[str, Any]) -> str:
     findings = data["findings"]
-    lines = [
-        f"kvtune doctor: {data['source']} ({findings['samples']} samples over {findings['window_seconds']:.0f} s)"
-    ]
+    span = f"{findings['samples']} samples over {findings['window_seconds']:.0f} s"
+    if data.get("basis") == RANGE:
+        span += ", from range queries"
+    elif data.get("basis") == SINCE_BOOT:
+        span = f"quiet now; its counters since boot, {span_text(data['since_boot_seconds'])}"
+    lines = [f"kvtune doctor: {data['source']} ({span})"]
     lines.append("Findings")
     for note in findings["notes"] or [{"severity": "info", "message": "nothing to report", "evidence": ""}]:
         lines.append(f"  [{note['severity']}] {note['message']}")
@@ -184,6 +292,12 @@ def run(args: argparse.Namespace) -> int:
         problem = url_problem(url) if url is not None else None
         if problem is not None:
             raise KvtuneError(f"{flag}: {problem}")
+    since = parse_duration(args.since) if args.since is not None else None
+    if since is not None and not args.prometheus:
+        raise KvtuneError(
+            "--since needs --prometheus (an engine's /metrics holds no history; on an engine that is quiet "
+            "now, the doctor reads its counters since boot by itself)"
+        )
     if args.proxy and not args.metrics_url:
         raise KvtuneError("--proxy needs --metrics-url (the engine's); through Prometheus, select both jobs")
     if args.metrics_url and args.proxy:
@@ -203,20 +317,27 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise KvtuneError(str(err)) from None
-    samples, failure = collect(source, args.samples, args.window_seconds)
+    samples: list[Sample]
+    failure: NoData | None = None
+    if since is not None and isinstance(source, PrometheusSource):
+        found = source.read_range(since)
+        samples, failure = ([], found) if isinstance(found, NoData) else (found, None)
+        where += f" (last {args.since})"
+    else:
+        samples, failure = collect(source, args.samples, args.window_seconds)
     if isinstance(source, EngineWithProxy) and source.proxy_problem:
         print(
             f"kvtune doctor: the proxy's /metrics could not be read: {source.proxy_problem}", file=sys.stderr
         )
     known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
-    engine = engine_view_from_sample(samples[-1] if samples else None, known)
-    if samples:
-        d = diagnose(Window.of(samples), engine)
-    else:
-        d = no_data(failure.reason if failure else "no sample")
+    found_out = examine(
+        samples, failure, known, quiet_looks_back=bool(args.metrics_url), basis=RANGE if since else WINDOW
+    )
+    d, engine = found_out.diagnosis, found_out.engine
     # The prefix report lives on the front that tokenizes: the proxy when there is one, else the engine.
     front = args.proxy or args.metrics_url
     prefix = prefix_report_section(d, front) if front and samples else None
-    data = report(d, engine, plan(d, engine, policy), where, prefix)
+    remedies = plan(d, engine, policy)
+    data = report(d, engine, remedies, where, prefix, found_out.basis, found_out.since_boot_seconds)
     print(json.dumps(data, indent=2) if args.json else format_text(data))
     return 1 if d.status == "no_data" else 0

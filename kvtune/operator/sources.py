@@ -10,15 +10,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.operator.metric_names import ENGINE_PREFIXES, PROCESS_SERIES
-from kvtune.operator.sample import NoData, SampleResult, Series, sample_from_series
+from kvtune.operator.sample import NoData, Sample, SampleResult, Series, sample_from_series
 
 Clock = Callable[[], float]
+MAX_RANGE_POINTS = 240  # a range query's points per series: enough for rates, small enough to answer fast
 
 
 class MetricSource(Protocol):
@@ -123,8 +124,14 @@ def selector_matchers(selector: str) -> str:
     return inner.strip().strip(",")
 
 
+def range_step(seconds: float) -> float:
+    """The step of a range query over `seconds`: whole seconds, at most MAX_RANGE_POINTS points."""
+    return float(max(1, math.ceil(seconds / MAX_RANGE_POINTS)))
+
+
 class PrometheusSource:
-    """Instant queries against a Prometheus HTTP API: every engine series matching the label selector."""
+    """Queries against a Prometheus HTTP API for every engine series matching the label selector: one
+    instant (`read`), or a range turned into one sample per step (`read_range`)."""
 
     def __init__(self, url: str, selector: str, timeout: float = 10.0, clock: Clock = time.time) -> None:
         self.url = url.rstrip("/")
@@ -137,22 +144,68 @@ class PrometheusSource:
         matchers = selector_matchers(self.selector)
         return "{" + f'__name__=~"{names}"' + (f",{matchers}" if matchers else "") + "}"
 
-    def read(self) -> SampleResult:
-        now = self.clock()
-        where = f"{self.url} {self.selector}"
+    @property
+    def where(self) -> str:
+        return f"{self.url} {self.selector}"
+
+    def _get(self, path: str, params: dict[str, str], now: float) -> dict[str, Any] | NoData:
+        """The `data` of a successful API answer, or NoData saying why there is none."""
         try:
-            response = httpx.get(
-                f"{self.url}/api/v1/query", params={"query": self.query()}, timeout=self.timeout
-            )
+            response = httpx.get(f"{self.url}{path}", params=params, timeout=self.timeout)
             body = response.json()
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as err:
-            return NoData(where, f"unreachable: {type(err).__name__}: {err}", now)
+            return NoData(self.where, f"unreachable: {type(err).__name__}: {err}", now)
+        if not isinstance(body, dict):
+            return NoData(self.where, f"HTTP {response.status_code}: not a Prometheus API answer", now)
         if response.status_code != 200 or body.get("status") != "success":
-            return NoData(where, f"HTTP {response.status_code}: {body.get('error', 'query failed')}", now)
+            return NoData(
+                self.where, f"HTTP {response.status_code}: {body.get('error', 'query failed')}", now
+            )
+        data = body.get("data")
+        return data if isinstance(data, dict) else NoData(self.where, "unexpected answer: no data", now)
+
+    def read_range(self, seconds: float) -> list[Sample] | NoData:
+        """The last `seconds` as one sample per step of a range query, oldest first: the same window of
+        samples `collect` takes live, over a span that has already happened."""
+        now = self.clock()
+        step = range_step(seconds)
+        params = {
+            "query": self.query(),
+            "start": f"{now - seconds:.3f}",
+            "end": f"{now:.3f}",
+            "step": f"{step:g}",
+        }
+        data = self._get("/api/v1/query_range", params, now)
+        if isinstance(data, NoData):
+            return data
+        by_time: dict[float, list[Series]] = {}
+        try:
+            for item in data["result"]:
+                labels = dict(item["metric"])
+                name = labels.pop("__name__", "")
+                for stamp, value in item["values"]:
+                    by_time.setdefault(float(stamp), []).append((name, labels, float(value)))
+        except (KeyError, TypeError, ValueError) as err:
+            return NoData(self.where, f"unexpected answer: {err}", now)
+        readings = [sample_from_series(by_time[stamp], stamp, self.where) for stamp in sorted(by_time)]
+        samples = [reading for reading in readings if isinstance(reading, Sample)]
+        failures = [reading for reading in readings if isinstance(reading, NoData)]
+        if samples:
+            return samples
+        if failures:
+            return failures[-1]
+        return NoData(self.where, f"no series match the selector in the last {seconds:g} s", now)
+
+    def read(self) -> SampleResult:
+        now = self.clock()
+        where = self.where
+        data = self._get("/api/v1/query", {"query": self.query()}, now)
+        if isinstance(data, NoData):
+            return data
         series: list[Series] = []
         timestamp = None
         try:
-            for item in body["data"]["result"]:
+            for item in data["result"]:
                 labels = dict(item["metric"])
                 name = labels.pop("__name__", "")
                 stamp, value = item["value"]

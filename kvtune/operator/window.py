@@ -5,7 +5,7 @@ gauge statistics, and histogram deltas."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from kvtune.operator.sample import Histogram, Sample
@@ -104,6 +104,23 @@ class Window:
             if name in sample.histograms:
                 return sample.histograms[name]
         return None
+
+
+def since_boot(latest: Sample, started: float) -> Window:
+    """The window from the engine's process start to `latest`: a first sample of zeros at `started` (every
+    counter and histogram starts there), so the increases are the values since boot. Its gauges are
+    dropped: they say what the engine holds now, not over that span."""
+    zero = Sample(
+        timestamp=started,
+        counters=dict.fromkeys(latest.counters, 0.0),
+        histograms={
+            name: Histogram(tuple((bound, 0.0) for bound, _ in h.buckets), 0.0, 0.0)
+            for name, h in latest.histograms.items()
+        },
+        cache_config=latest.cache_config,
+        source=latest.source,
+    )
+    return Window((zero, replace(latest, gauges={})))
 
 
 def histogram_quantile(q: float, histogram: Histogram) -> float | None:

