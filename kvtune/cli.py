@@ -34,6 +34,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "kvtune.operator.command",
         "the tuning operator (--local: against one engine, no Kubernetes)",
     ),
+    "dashboards": (
+        "kvtune.dashboards.command",
+        "build dashboards/*.json from Python, or push them to a Grafana",
+    ),
+    "report": ("kvtune.dashboards.report", "the dashboards' panels from a Prometheus as PNG + index.html"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.bench.kernels", "paged-attention kernels against the machine's memory bandwidth"),
