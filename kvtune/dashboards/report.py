@@ -14,15 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import matplotlib
+import matplotlib.dates as mdates
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-
-from kvtune.dashboards import panels as p  # noqa: E402
-from kvtune.dashboards.grafana import TITLES  # noqa: E402
-from kvtune.errors import KvtuneError  # noqa: E402
+from kvtune.dashboards import panels as p
+from kvtune.dashboards.grafana import TITLES
+from kvtune.errors import KvtuneError
 
 # Axis labels for the panels' Grafana units.
 AXIS_LABELS = {
@@ -118,32 +115,30 @@ def _when(timestamps: list[float]) -> list[dt.datetime]:
 
 def draw_panel(spec: p.PanelSpec, series: list[Series], path: Path) -> None:
     """One PNG: the title, the unit on each axis, a legend per series; a second unit on a right axis."""
-    figure, left = plt.subplots(figsize=(9, 4.5), dpi=100)
-    try:
-        left.set_title(f"{spec.title}\n{TITLES[spec.dashboard_uid]}", fontsize=11)
-        left.set_ylabel(axis_label(spec.unit))
-        main = [s for s in series if s.unit == spec.unit]
-        other = [s for s in series if s.unit != spec.unit]
-        handles = []
-        for s in main:
-            handles += left.plot(_when(s.times), s.values, "-", label=s.legend)
-        if other:
-            right = left.twinx()
-            right.set_ylabel(axis_label(other[0].unit))
-            for s in other:
-                handles += right.plot(_when(s.times), s.values, "--", color="tab:red", label=s.legend)
-        if not series:
-            left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
-        else:
-            left.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.8)
-        left.set_ylim(bottom=0)
-        left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
-        left.set_xlabel("time (local)")
-        left.grid(alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(path)
-    finally:
-        plt.close(figure)
+    figure = Figure(figsize=(9, 4.5), dpi=100)  # no pyplot: no global figure registry, no GUI backend
+    left = figure.subplots()
+    left.set_title(f"{spec.title}\n{TITLES[spec.dashboard_uid]}", fontsize=11)
+    left.set_ylabel(axis_label(spec.unit))
+    main = [s for s in series if s.unit == spec.unit]
+    other = [s for s in series if s.unit != spec.unit]
+    handles = []
+    for s in main:
+        handles += left.plot(_when(s.times), s.values, "-", label=s.legend)
+    if other:
+        right = left.twinx()
+        right.set_ylabel(axis_label(other[0].unit))
+        for s in other:
+            handles += right.plot(_when(s.times), s.values, "--", color="tab:red", label=s.legend)
+    if not series:
+        left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
+    else:
+        left.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.8)
+    left.set_ylim(bottom=0)
+    left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+    left.set_xlabel("time (local)")
+    left.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
 
 
 def file_name(spec: p.PanelSpec) -> str:
