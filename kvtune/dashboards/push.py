@@ -62,4 +62,14 @@ def push(grafana_url: str, token: str, folder: str) -> list[dict[str, Any]]:
     except GrafanaException as err:
         raise KvtuneError(f"Grafana at {grafana_url} answered {err.status_code}: {err.message}") from err
     except niquests.exceptions.RequestException as err:
-        raise KvtuneError(f"cannot reach Grafana at {grafana_url}: {err}") from err
+        raise KvtuneError(f"cannot reach Grafana at {grafana_url}: {_reason(err)}") from err
+
+
+def _reason(err: Exception) -> str:
+    """The socket's own words ("[Errno 111] Connection refused", "Failed to resolve ...") from the client's
+    long retry message."""
+    for pattern in (r"\[Errno -?\d+\][^'\")]*", r"Failed to resolve '[^']*'"):
+        found = re.search(pattern, str(err))
+        if found:
+            return found.group(0).strip()
+    return type(err).__name__
