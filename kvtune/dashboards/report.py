@@ -73,10 +73,12 @@ class Prometheus:
             raise KvtuneError(f"cannot reach Prometheus at {self.url}: {err}") from err
         try:
             body = response.json()
-        except ValueError as err:
+        except ValueError:
+            body = None
+        if response.status_code == 404 or not isinstance(body, dict):
             raise KvtuneError(
-                f"Prometheus at {self.url} answered {response.status_code} with no JSON body"
-            ) from err
+                f"{self.url} is not a Prometheus API: /api/v1/query_range answered {response.status_code}"
+            )
         if response.status_code != 200 or body.get("status") != "success":
             raise KvtuneError(f"Prometheus rejected {expr!r}: {body.get('error', response.status_code)}")
         result: list[dict[str, object]] = body["data"]["result"]
@@ -113,31 +115,34 @@ def _when(timestamps: list[float]) -> list[dt.datetime]:
     return [dt.datetime.fromtimestamp(t) for t in timestamps]
 
 
-def draw_panel(spec: p.PanelSpec, series: list[Series], path: Path) -> None:
-    """One PNG: the title, the unit on each axis, a legend per series; a second unit on a right axis."""
-    figure = Figure(figsize=(9, 4.5), dpi=100)  # no pyplot: no global figure registry, no GUI backend
+def draw_panel(spec: p.PanelSpec, series: list[Series], window: tuple[float, float], path: Path) -> None:
+    """One PNG: the title, the unit on each axis, a legend per series beside the plot (never over it), and a
+    second unit (preemptions over a latency) dashed on a right axis."""
+    figure = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")  # no pyplot: no global state
     left = figure.subplots()
-    left.set_title(f"{spec.title}\n{TITLES[spec.dashboard_uid]}", fontsize=11)
+    left.set_title(f"{spec.title}  ({TITLES[spec.dashboard_uid]})", fontsize=11)
     left.set_ylabel(axis_label(spec.unit))
-    main = [s for s in series if s.unit == spec.unit]
-    other = [s for s in series if s.unit != spec.unit]
     handles = []
-    for s in main:
-        handles += left.plot(_when(s.times), s.values, "-", label=s.legend)
-    if other:
+    for s in series:
+        if s.unit == spec.unit:
+            handles += left.plot(_when(s.times), s.values, "-", color=f"C{len(handles) % 10}", label=s.legend)
+    others = [s for s in series if s.unit != spec.unit]
+    if others:
         right = left.twinx()
-        right.set_ylabel(axis_label(other[0].unit))
-        for s in other:
-            handles += right.plot(_when(s.times), s.values, "--", color="tab:red", label=s.legend)
-    if not series:
-        left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
+        right.set_ylabel(axis_label(others[0].unit))
+        for s in others:
+            color = f"C{len(handles) % 10}"
+            handles += right.plot(_when(s.times), s.values, "--", color=color, label=s.legend)
+        right.set_ylim(bottom=0)
+    if handles:
+        figure.legend(handles=handles, loc="outside right upper", fontsize=8)
     else:
-        left.legend(handles=handles, loc="upper left", fontsize=8, framealpha=0.8)
+        left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
+    left.set_xlim(*_when(list(window)))
     left.set_ylim(bottom=0)
     left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
     left.set_xlabel("time (local)")
     left.grid(alpha=0.3)
-    figure.tight_layout()
     figure.savefig(path)
 
 
@@ -179,7 +184,7 @@ def report(prometheus: str, since: str, out: Path, end: float | None = None) -> 
     for spec in p.all_panels():
         series = fetch_panel(prom, spec, start, end, step)
         name = file_name(spec)
-        draw_panel(spec, series, out / name)
+        draw_panel(spec, series, (start, end), out / name)
         drawn.append((spec, name, len(series)))
     return write_index(out, drawn, prometheus, since)
 
