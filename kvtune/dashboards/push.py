@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import niquests
-from grafana_client import GrafanaApi
+from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaUnauthorizedError
 
 from kvtune.dashboards.grafana import dashboard_model, dashboard_uids
@@ -36,11 +36,11 @@ def read_token(path: Path) -> str:
 def _ensure_folder(api: GrafanaApi, title: str) -> str:
     uid = folder_uid(title)
     try:
-        api.folder.get_folder(uid)
+        api.folder.get_folder(uid)  # type: ignore[no-untyped-call]
     except GrafanaClientError as err:
         if err.status_code != 404:
             raise
-        api.folder.create_folder(title, uid=uid)
+        api.folder.create_folder(title, uid=uid)  # type: ignore[no-untyped-call]
     return uid
 
 

@@ -5,7 +5,6 @@ with every variable at "All"."""
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import html
 import math
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import matplotlib.dates as mdates
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from kvtune.dashboards import panels as p
 from kvtune.dashboards.grafana import TITLES
@@ -111,8 +111,9 @@ def axis_label(unit: str) -> str:
     return unit.split(":", 1)[1].strip() if unit.startswith("suffix:") else AXIS_LABELS.get(unit, unit)
 
 
-def _when(timestamps: list[float]) -> list[dt.datetime]:
-    return [dt.datetime.fromtimestamp(t) for t in timestamps]
+def _when(timestamps: list[float]) -> list[float]:
+    """Unix seconds as matplotlib's date numbers (days since its 1970 epoch), drawn in UTC."""
+    return [t / SECONDS_PER["d"] for t in timestamps]
 
 
 def draw_panel(spec: p.PanelSpec, series: list[Series], window: tuple[float, float], path: Path) -> None:
@@ -122,7 +123,7 @@ def draw_panel(spec: p.PanelSpec, series: list[Series], window: tuple[float, flo
     left = figure.subplots()
     left.set_title(f"{spec.title}  ({TITLES[spec.dashboard_uid]})", fontsize=11)
     left.set_ylabel(axis_label(spec.unit))
-    handles = []
+    handles: list[Line2D] = []
     for s in series:
         if s.unit == spec.unit:
             handles += left.plot(_when(s.times), s.values, "-", color=f"C{len(handles) % 10}", label=s.legend)
@@ -140,8 +141,9 @@ def draw_panel(spec: p.PanelSpec, series: list[Series], window: tuple[float, flo
         left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
     left.set_xlim(*_when(list(window)))
     left.set_ylim(bottom=0)
-    left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
-    left.set_xlabel("time (local)")
+    left.xaxis_date()
+    left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
+    left.set_xlabel("time (UTC)")
     left.grid(alpha=0.3)
     figure.savefig(path)
 
