@@ -187,3 +187,28 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_the_sdk_decodes_the_committed_json_into_its_typed_models(uid: str) -> None:
+    """No Grafana installs here: the SDK's own decoder is the closest reader. Every panel comes back as a
+    typed timeseries panel with Prometheus queries, and re-encoding loses nothing (it only adds the empty
+    `custom` block the decoder creates)."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
+    from grafana_foundation_sdk.models.prometheus import Dataquery
+    from grafana_foundation_sdk.models.timeseries import Options
+
+    register_default_plugins()
+    original = committed(uid)
+    decoded = DashboardModel.from_json(original)
+    graphs = [panel for panel in decoded.panels or [] if getattr(panel, "type_val", None) == "timeseries"]
+    assert len(graphs) == len(graph_panels(original))
+    for panel in graphs:
+        assert isinstance(panel.options, Options)
+        assert panel.targets and all(isinstance(target, Dataquery) for target in panel.targets)
+    again = json.loads(JSONEncoder(sort_keys=True).encode(decoded))
+    for panel in graph_panels(again):
+        assert panel["fieldConfig"]["defaults"].pop("custom") == {}
+    assert again == original
