@@ -35,6 +35,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "the tuning operator (--local: against one engine, no Kubernetes)",
     ),
     "rules": ("kvtune.observability.command", "render the Prometheus recording and alert rules"),
+    "dashboards": (
+        "kvtune.dashboards.command",
+        "build dashboards/*.json from Python, or push them to a Grafana",
+    ),
+    "report": ("kvtune.dashboards.report", "the dashboards' panels from a Prometheus as PNG + index.html"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "kernels": ("kvtune.bench.kernels", "paged-attention kernels against the machine's memory bandwidth"),

@@ -1,0 +1,203 @@
+"""`kvtune report`: the dashboards' panels drawn from a Prometheus with matplotlib, one PNG per panel and an
+index.html, for people without Grafana (and for the demo). It reads the same `panels.py` as the dashboards,
+with every variable at "All"."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import matplotlib.dates as mdates
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from kvtune.dashboards import panels as p
+from kvtune.dashboards.grafana import TITLES
+from kvtune.errors import KvtuneError
+
+# Axis labels for the panels' Grafana units.
+AXIS_LABELS = {
+    p.RATIO: "ratio (1 = 100%)",
+    p.SECONDS: "seconds",
+    p.PER_SECOND: "per second",
+    p.COUNT: "count",
+}
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_POINTS = 240
+
+
+@dataclass(frozen=True)
+class Series:
+    legend: str
+    unit: str
+    times: list[float]
+    values: list[float]
+
+
+def parse_duration(text: str) -> float:
+    """`30m`, `1h`, `2d` -> seconds."""
+    match = DURATION.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise KvtuneError(f"--since {text!r} is not a duration such as 30m, 1h or 2d")
+    return float(match.group(1)) * SECONDS_PER[match.group(2)]
+
+
+def all_variables(expr: str) -> str:
+    """The query with every dashboard variable at "All" (`.*`, which also matches a missing label)."""
+    return re.sub(r"\$[a-z_]+", ".*", expr)
+
+
+def legend_of(template: str, labels: dict[str, str]) -> str:
+    """Grafana's `{{label}}` legend filled in from a series' labels (an absent label becomes empty)."""
+    filled = re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), template)
+    return " ".join(filled.split()) or "value"
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.client = httpx.Client(timeout=30.0)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, object]]:
+        params: dict[str, str | float] = {"query": expr, "start": start, "end": end, "step": step}
+        try:
+            response = self.client.get(f"{self.url}/api/v1/query_range", params=params)
+        except httpx.HTTPError as err:
+            raise KvtuneError(f"cannot reach Prometheus at {self.url}: {err}") from err
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code == 404 or not isinstance(body, dict):
+            raise KvtuneError(
+                f"{self.url} is not a Prometheus API: /api/v1/query_range answered {response.status_code}"
+            )
+        if response.status_code != 200 or body.get("status") != "success":
+            raise KvtuneError(f"Prometheus rejected {expr!r}: {body.get('error', response.status_code)}")
+        result: list[dict[str, object]] = body["data"]["result"]
+        return result
+
+
+def fetch_panel(prom: Prometheus, spec: p.PanelSpec, start: float, end: float, step: float) -> list[Series]:
+    series = []
+    for target in spec.targets:
+        for item in prom.query_range(all_variables(target.expr), start, end, step):
+            labels = item.get("metric", {})
+            points = [
+                (float(t), float(v))
+                for t, v in item.get("values", [])  # type: ignore[attr-defined]
+                if math.isfinite(float(v))
+            ]
+            if points:
+                series.append(
+                    Series(
+                        legend_of(target.legend, labels),  # type: ignore[arg-type]
+                        target.unit,
+                        [t for t, _ in points],
+                        [v for _, v in points],
+                    )
+                )
+    return series
+
+
+def axis_label(unit: str) -> str:
+    return unit.split(":", 1)[1].strip() if unit.startswith("suffix:") else AXIS_LABELS.get(unit, unit)
+
+
+def _when(timestamps: list[float]) -> list[float]:
+    """Unix seconds as matplotlib's date numbers (days since its 1970 epoch), drawn in UTC."""
+    return [t / SECONDS_PER["d"] for t in timestamps]
+
+
+def draw_panel(spec: p.PanelSpec, series: list[Series], window: tuple[float, float], path: Path) -> None:
+    """One PNG: the title, the unit on each axis, a legend per series beside the plot (never over it), and a
+    second unit (preemptions over a latency) dashed on a right axis."""
+    figure = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")  # no pyplot: no global state
+    left = figure.subplots()
+    left.set_title(f"{spec.title}  ({TITLES[spec.dashboard_uid]})", fontsize=11)
+    left.set_ylabel(axis_label(spec.unit))
+    handles: list[Line2D] = []
+    for s in series:
+        if s.unit == spec.unit:
+            handles += left.plot(_when(s.times), s.values, "-", color=f"C{len(handles) % 10}", label=s.legend)
+    others = [s for s in series if s.unit != spec.unit]
+    if others:
+        right = left.twinx()
+        right.set_ylabel(axis_label(others[0].unit))
+        for s in others:
+            color = f"C{len(handles) % 10}"
+            handles += right.plot(_when(s.times), s.values, "--", color=color, label=s.legend)
+        right.set_ylim(bottom=0)
+    if handles:
+        figure.legend(handles=handles, loc="outside right upper", fontsize=8)
+    else:
+        left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
+    left.set_xlim(*_when(list(window)))
+    left.set_ylim(bottom=0)
+    left.xaxis_date()
+    left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
+    left.set_xlabel("time (UTC)")
+    left.grid(alpha=0.3)
+    figure.savefig(path)
+
+
+def file_name(spec: p.PanelSpec) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", spec.title.lower()).strip("-")
+    return f"{spec.dashboard_uid}--{slug}.png"
+
+
+def write_index(out: Path, drawn: list[tuple[p.PanelSpec, str, int]], prometheus: str, since: str) -> Path:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>kvtune report</title></head><body>",
+        f"<h1>kvtune report</h1><p>Prometheus {html.escape(prometheus)}, the last {html.escape(since)}, "
+        f"generated {html.escape(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}.</p>",
+    ]
+    dashboard = None
+    for spec, name, count in drawn:
+        if spec.dashboard_uid != dashboard:
+            dashboard = spec.dashboard_uid
+            parts.append(f"<h2>{html.escape(TITLES[dashboard])}</h2>")
+        parts.append(
+            f"<h3>{html.escape(spec.title)}</h3><p>{html.escape(spec.description)} ({count} series)</p>"
+            f"<a href='{name}'><img src='{name}' alt='{html.escape(spec.title)}' width='900'></a>"
+        )
+    parts.append("</body></html>")
+    index = out / "index.html"
+    index.write_text("\n".join(parts) + "\n")
+    return index
+
+
+def report(prometheus: str, since: str, out: Path, end: float | None = None) -> Path:
+    """Draws every panel over the last `since` and writes index.html; returns its path."""
+    span = parse_duration(since)
+    end = time.time() if end is None else end
+    start = end - span
+    step = max(1.0, math.ceil(span / MAX_POINTS))
+    out.mkdir(parents=True, exist_ok=True)
+    prom = Prometheus(prometheus)
+    drawn = []
+    for spec in p.all_panels():
+        series = fetch_panel(prom, spec, start, end, step)
+        name = file_name(spec)
+        draw_panel(spec, series, (start, end), out / name)
+        drawn.append((spec, name, len(series)))
+    return write_index(out, drawn, prometheus, since)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prometheus", required=True, metavar="URL", help="a Prometheus server's base URL")
+    parser.add_argument("--since", default="1h", help="how far back to draw: 30m, 1h, 2d (default 1h)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs and index.html")
+
+
+def run(args: argparse.Namespace) -> int:
+    index = report(args.prometheus, args.since, args.out)
+    print(f"wrote {index} and {len(p.all_panels())} panels")
+    return 0

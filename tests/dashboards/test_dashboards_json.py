@@ -1,0 +1,214 @@
+"""The committed dashboards/*.json: no drift from the Python source, and the structure Grafana's conventions
+ask for (unique ids, the datasource variable everywhere, units, variables, every query filtered on them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtune.cli import main
+from kvtune.dashboards import panels as p
+from kvtune.dashboards.build import REBUILD_COMMAND, drift, rendered
+from kvtune.dashboards.report import all_variables
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "dashboards"
+UIDS = (p.KV_CACHE_UID, p.OPERATOR_UID, p.LATENCY_UID)
+ENGINE_MATCHERS = ('namespace=~"$namespace"', 'model_name=~"$model"', 'pod=~"$pod"')
+OPERATOR_MATCHERS = ('namespace=~"$namespace"', 'policy=~"$policy"')
+# A metric name followed by its label matchers, or standing bare.
+SELECTOR = re.compile(r"(kvtune_engine:[a-z0-9_:]+|kvtune_operator_[a-z_]+)(\{[^}]*\})?")
+
+
+def committed(uid: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((COMMITTED / f"{uid}.json").read_text())
+    return loaded
+
+
+def graph_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+
+
+def test_committed_dashboards_match_the_source() -> None:
+    stale = drift(COMMITTED)
+    assert not stale, f"dashboards/ is stale ({', '.join(stale)}): run `{REBUILD_COMMAND}` and commit"
+    assert sorted(path.name for path in COMMITTED.glob("*.json")) == sorted(rendered())
+
+
+def test_build_command_writes_the_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboards", "build", "--out", str(tmp_path)]) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == [f"{uid}.json" for uid in sorted(UIDS)]
+    for uid in UIDS:
+        assert (tmp_path / f"{uid}.json").read_text() == (COMMITTED / f"{uid}.json").read_text()
+    assert capsys.readouterr().out.count("wrote ") == 3
+
+
+def test_drift_is_detected_and_names_the_file(tmp_path: Path) -> None:
+    main(["dashboards", "build", "--out", str(tmp_path)])
+    edited = tmp_path / f"{p.LATENCY_UID}.json"
+    edited.write_text(edited.read_text().replace('"unit": "s"', '"unit": "ms"', 1))
+    assert drift(tmp_path) == [f"{p.LATENCY_UID}.json"]
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_identity_and_schema_version(uid: str) -> None:
+    dashboard = committed(uid)
+    assert dashboard["uid"] == uid
+    assert dashboard["schemaVersion"] == 41  # the SDK's Grafana 11.6 build, as pinned
+    assert "id" not in dashboard or dashboard["id"] is None
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_panel_ids_are_unique(uid: str) -> None:
+    ids = [panel["id"] for panel in committed(uid)["panels"]]
+    assert len(ids) == len(set(ids)), ids
+    assert all(isinstance(i, int) and i > 0 for i in ids)
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_no_hard_coded_datasource_uid(uid: str) -> None:
+    dashboard = committed(uid)
+    refs = [panel["datasource"] for panel in graph_panels(dashboard)]
+    refs += [target["datasource"] for panel in graph_panels(dashboard) for target in panel["targets"]]
+    refs += [a["datasource"] for a in dashboard["annotations"]["list"]]
+    refs += [v["datasource"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert refs and all(ref == {"type": "prometheus", "uid": "${datasource}"} for ref in refs)
+    text = (COMMITTED / f"{uid}.json").read_text()
+    assert set(re.findall(r'"uid": "([^"]*)"', text)) == {"${datasource}", uid}
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_every_panel_has_a_unit_a_description_and_a_legend(uid: str) -> None:
+    for panel in graph_panels(committed(uid)):
+        assert panel["fieldConfig"]["defaults"]["unit"], panel["title"]
+        assert "Healthy" in panel["description"], panel["title"]
+        assert panel["options"]["legend"]["showLegend"] is True, panel["title"]
+        assert all(target["legendFormat"] and target["refId"] for target in panel["targets"])
+        for override in panel["fieldConfig"]["overrides"]:  # a second quantity has its own unit
+            assert "unit" in [prop["id"] for prop in override["properties"]]
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_variables_are_present_and_every_used_one_is_defined(uid: str) -> None:
+    dashboard = committed(uid)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "model", "pod"} <= set(variables)
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in set(variables) - {"datasource"}:
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    exprs = [t["expr"] for panel in graph_panels(dashboard) for t in panel["targets"]]
+    exprs += [a["expr"] for a in dashboard["annotations"]["list"]]
+    exprs += [v["query"] for v in variables.values() if v["type"] == "query"]
+    used = {name for expr in exprs for name in re.findall(r"\$([a-z_]+)", expr)}
+    assert used <= set(variables), used - set(variables)
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_every_query_filters_on_the_variables(uid: str) -> None:
+    dashboard = committed(uid)
+    exprs = [t["expr"] for panel in graph_panels(dashboard) for t in panel["targets"]]
+    exprs += [a["expr"] for a in dashboard["annotations"]["list"]]
+    for expr in exprs:
+        selectors = SELECTOR.findall(expr)
+        assert selectors, expr
+        for name, matchers in selectors:
+            wanted = ENGINE_MATCHERS if name.startswith("kvtune_engine:") else OPERATOR_MATCHERS
+            assert all(m in matchers for m in wanted), f"{name}{matchers} in {expr}"
+
+
+def test_the_panels_the_issue_names_are_there() -> None:
+    titles = {uid: {panel["title"] for panel in graph_panels(committed(uid))} for uid in UIDS}
+    exprs = " ".join(q.expr for q in p.all_panel_queries())
+    for needed in (
+        "kv_usage:ratio",
+        "preemptions:rate5m",
+        "preemptions:total",
+        "kv_effective:ratio",
+        'kind="real"',
+        'kind="boot_line"',
+        "max_num_seqs",
+        "requests_waiting",
+        "prefix_hit:ratio",
+        "prefix_defeats:rate5m",
+        "prompt_tokens_bucket",
+        "max_tokens_bucket",
+        "capped_requests:rate5m",
+        "kvtune_operator_actions_total",
+        "kvtune_operator_knob",
+        "kvtune_operator_ladder_rung",
+        "kvtune_operator_condition",
+        "kvtune_operator_rollbacks_total",
+    ):
+        assert needed in exprs, needed
+    assert len(titles[p.KV_CACHE_UID]) >= 10
+    latency = graph_panels(committed(p.LATENCY_UID))
+    for family in ("ttft", "itl", "e2e", "queue"):
+        panel = next(
+            x for x in latency if any(f":{family}_seconds_bucket" in t["expr"] for t in x["targets"])
+        )
+        assert any("preemptions:rate5m" in t["expr"] for t in panel["targets"]), panel["title"]
+    annotations = {a["name"] for a in committed(p.OPERATOR_UID)["annotations"]["list"]}
+    assert "Operator actions" in annotations
+
+
+def test_all_panel_queries_is_what_the_dashboards_hold() -> None:
+    from_json = {
+        (uid, panel["title"], target["expr"])
+        for uid in UIDS
+        for panel in graph_panels(committed(uid))
+        for target in panel["targets"]
+    }
+    from_source = {(q.dashboard_uid, q.panel_title, q.expr) for q in p.all_panel_queries()}
+    assert from_json == from_source
+    assert all(q.unit for q in p.all_panel_queries())
+
+
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    """Each panel and annotation query as a recording rule, checked by promtool: a syntax error fails here
+    rather than in someone's Grafana."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        message = "promtool (Debian package prometheus) is not installed; `make test` installs it"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    exprs = [q.expr for q in p.all_panel_queries()] + [p.PREEMPTION_ANNOTATION, p.ACTION_ANNOTATION]
+    rules = [{"record": f"kvtune_panel:query_{i}", "expr": all_variables(e)} for i, e in enumerate(exprs)]
+    path = tmp_path / "panels.rules.json"  # JSON is YAML, so promtool reads it
+    path.write_text(json.dumps({"groups": [{"name": "panels", "rules": rules}]}))
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_the_sdk_decodes_the_committed_json_into_its_typed_models(uid: str) -> None:
+    """No Grafana installs here: the SDK's own decoder is the closest reader. Every panel comes back as a
+    typed timeseries panel with Prometheus queries, and re-encoding loses nothing (it only adds the empty
+    `custom` block the decoder creates)."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
+    from grafana_foundation_sdk.models.prometheus import Dataquery
+    from grafana_foundation_sdk.models.timeseries import Options
+
+    register_default_plugins()
+    original = committed(uid)
+    decoded = DashboardModel.from_json(original)
+    graphs = [panel for panel in decoded.panels or [] if getattr(panel, "type_val", None) == "timeseries"]
+    assert len(graphs) == len(graph_panels(original))
+    for panel in graphs:
+        assert isinstance(panel.options, Options)
+        assert panel.targets and all(isinstance(target, Dataquery) for target in panel.targets)
+    again = json.loads(JSONEncoder(sort_keys=True).encode(decoded))
+    for panel in graph_panels(again):
+        assert panel["fieldConfig"]["defaults"].pop("custom") == {}
+    assert again == original
