@@ -19,7 +19,6 @@ from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.local_metrics import LocalRecorder
 from kvtune.operator.own_metrics import DEFAULT_PORT, OperatorMetrics
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, url_problem
@@ -165,6 +164,8 @@ def local_wiring(args: argparse.Namespace) -> tuple[MetricSource, Actuator]:
 def run(args: argparse.Namespace) -> int:
     if not args.local:
         return run_in_cluster(args)
+    from kvtune.operator.local_metrics import LocalRecorder  # loads policy_tick, hence kopf: only when run
+
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")
     source, actuator = local_wiring(args)

@@ -27,6 +27,7 @@ from kvtune.operator.tuner import TunerState
 
 DEFAULT_PORT = 9100
 KNOBS = (KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP)
+ACTION_RESULTS = ("applied", "recommended", "failed", "rolled_back")
 # a history entry's kind -> the actions counter's result (a flag is advice, like a recommendation)
 RESULTS = {
     "applied": "applied",
@@ -45,6 +46,8 @@ ERROR_EVENT_POST = "event_post"  # a Kubernetes Event could not be posted
 ERROR_KUBERNETES = "kubernetes"  # another Kubernetes API failure stopped the evaluation
 ERROR_EVALUATION = "evaluation"  # an unexpected exception stopped the evaluation
 ERROR_INVALID_SPEC = "invalid_spec"  # the KVTuningPolicy's spec does not validate: nothing is evaluated
+ERROR_KINDS = (ERROR_APPLY, ERROR_REAPPLY, ERROR_ACTUATOR, ERROR_PROXY_METRICS, ERROR_STATUS_WRITE,
+               ERROR_EVENT_POST, ERROR_KUBERNETES, ERROR_EVALUATION, ERROR_INVALID_SPEC)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -146,9 +149,15 @@ class OperatorMetrics:
                                  ["namespace", "policy"], registry=r)  # fmt: skip
 
     def declare(self, namespace: str, policy: str) -> None:
-        """Start the policy's counters at 0, so `increase()` sees their first step."""
+        """Start the policy's counters at 0: `increase()` and `changes()` miss the first step of a series
+        that appears already at 1, which would hide a policy's first action or first error."""
         self.no_data.labels(namespace, policy)
         self.rollbacks.labels(namespace, policy)
+        for kind in ERROR_KINDS:
+            self.errors.labels(namespace, policy, kind)
+        for remedy in LADDER:
+            for result in ACTION_RESULTS:
+                self.actions.labels(namespace, policy, remedy.value, result)
 
     def record(self, namespace: str, policy: str, evaluation: Evaluation) -> None:
         with self._lock:
