@@ -91,3 +91,4 @@ async def tune(
             tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics, logger
         )
         await stopped.wait(float(spec.interval_seconds))
+    memo.operator_metrics.forget(ref.namespace, ref.name)  # deleted, or the operator stops: no stale series

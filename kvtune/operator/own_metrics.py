@@ -191,13 +191,34 @@ class OperatorMetrics:
             self.declare(namespace, policy)
             self.errors.labels(namespace, policy, kind).inc()
 
+    def forget(self, namespace: str, policy: str) -> None:
+        """Drop every series of a policy that is gone (a deleted KVTuningPolicy), rather than leave its
+        last values standing."""
+        remedies = [remedy.value for remedy in LADDER]
+        children: list[tuple[Counter | Gauge, tuple[str, ...]]] = [
+            (self.last_evaluation, ()), (self.rung, ()), (self.no_data, ()), (self.rollbacks, ()),
+            *[(self.actions, (remedy, result)) for remedy in remedies for result in ACTION_RESULTS],
+            *[(self.last_action, (remedy,)) for remedy in remedies],
+            *[(self.knob, (knob, kind)) for knob in KNOBS for kind in ("current", "recommended")],
+            *[(self.condition, (kind,)) for kind in CONDITION_TYPES],
+            *[(self.ceiling, (kind,)) for kind in ("real", "boot_line")],
+            *[(self.errors, (kind,)) for kind in ERROR_KINDS],
+        ]  # fmt: skip
+        with self._lock:
+            for metric, rest in children:
+                self._remove(metric, (namespace, policy, *rest))
+
     @staticmethod
-    def _set(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+    def _remove(metric: Counter | Gauge, labels: tuple[str, ...]) -> None:
+        with contextlib.suppress(KeyError):  # never set, or already removed
+            metric.remove(*labels)
+
+    @classmethod
+    def _set(cls, gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
         if value is not None:
             gauge.labels(*labels).set(value)
         else:
-            with contextlib.suppress(KeyError):  # never set, or already removed
-                gauge.remove(*labels)
+            cls._remove(gauge, labels)
 
     def serve(self, port: int, address: str = "0.0.0.0") -> WSGIServer:
         """Serve /metrics on `port` in a daemon thread; returns the server (shutdown() stops it)."""
