@@ -88,7 +88,7 @@ def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
 def serve_own_metrics(port: int) -> OperatorMetrics:
     """The operator's metrics registry, served on `port` unless it is 0."""
     if not 0 <= port <= 65535:
-        raise KvtuneError(f"--metrics-port must be 0-65535, got {port}")
+        raise KvtuneError(f"--metrics-port {port}: must be 0-65535")
     metrics = OperatorMetrics()
     if port:
         try:

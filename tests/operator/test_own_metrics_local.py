@@ -6,6 +6,7 @@ admin token) is a failed action and an apply error."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from prometheus_client import generate_latest
 from kvtune.bench.engine_process import EngineProcess, kvtune_command, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.local_http import free_port
+from kvtune.cli import main
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.local import step, window_length
 from kvtune.operator.local_metrics import LocalRecorder, local_policy_name
@@ -149,3 +151,20 @@ def test_a_refused_change_is_a_failed_action_and_an_apply_error() -> None:
                if name == "kvtune_operator_actions_total" and ("result", "applied") in have]  # fmt: skip
     assert applied and not any(applied)
     assert series_value(series, "kvtune_operator_no_data_total", **labels) == 0
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "busy"])
+def test_a_bad_metrics_port_is_one_clear_line(
+    port: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        chosen = str(taken.getsockname()[1]) if port == "busy" else port
+        args = ["operator", "--local", "--target", "http://127.0.0.1:9", "--admin-token-file", str(token),
+                "--metrics-port", chosen]  # fmt: skip
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"kvtune: error: --metrics-port {chosen}"), err
