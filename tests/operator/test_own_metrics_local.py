@@ -64,15 +64,15 @@ def scrape(url: str) -> Series | None:
     return parse_series(response.text) if response.status_code == 200 else None
 
 
-def wait_for_series(url: str, ready: str, seconds: float, **labels: str) -> Series:
-    """Scrape until the sample `ready` with `labels` is at least 1; returns that scrape."""
+def wait_for_series(url: str, ready: str, seconds: float, at_least: float = 1, **labels: str) -> Series:
+    """Scrape until the sample `ready` with `labels` is at least `at_least`; returns that scrape."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         series = scrape(url)
-        if series is not None and (series_value(series, ready, **labels) or 0) >= 1:
+        if series is not None and (series_value(series, ready, **labels) or 0) >= at_least:
             return series
         time.sleep(INTERVAL / 2)
-    raise AssertionError(f"{ready}{labels} did not reach 1 within {seconds:.0f} s: {series}")
+    raise AssertionError(f"{ready}{labels} did not reach {at_least} within {seconds:.0f} s: {series}")
 
 
 def test_local_operator_serves_its_action_and_counts_the_outage(
@@ -92,10 +92,11 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     lower = {**policy, "remedy": "lower_max_num_seqs"}
     try:
         acted = wait_for_series(url, "kvtune_operator_actions_total", 25, **lower, result="applied")
+        scraped_at = time.time()
         load.stop()
+        stopping = time.time()
         engine.stop()
-        stopped = time.time()
-        down = wait_for_series(url, "kvtune_operator_no_data_total", 10, **policy)
+        down = wait_for_series(url, "kvtune_operator_no_data_total", 10, at_least=3, **policy)
     finally:
         load.stop()
         operator.terminate()
@@ -106,7 +107,7 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     assert series_names(acted) >= set(OPERATOR_SERIES), set(OPERATOR_SERIES) - series_names(acted)
     assert policy["policy"] == f"127.0.0.1:{engine.url.rsplit(':', 1)[1]}"
     stamp = series_value(acted, "kvtune_operator_last_action_timestamp_seconds", **lower)
-    assert stamp is not None and began <= stamp <= stopped
+    assert stamp is not None and began <= stamp <= scraped_at
     current = series_value(acted, "kvtune_operator_knob", **policy, knob="max_num_seqs", kind="current")
     assert current is not None and current < 64, current
     assert (
@@ -118,11 +119,11 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     real = series_value(acted, "kvtune_operator_concurrency_ceiling", **policy, kind="real")
     assert real is not None and 1 <= real < 64
     evaluated = series_value(acted, "kvtune_operator_last_evaluation_timestamp_seconds", **policy)
-    assert evaluated is not None and stopped - evaluated < 4 * INTERVAL
+    assert evaluated is not None and scraped_at - evaluated < 6 * INTERVAL  # within a few ticks
 
     assert not {"kvtune_operator_knob", "kvtune_operator_condition"} & series_names(down)  # unknown now
     after = series_value(down, "kvtune_operator_last_evaluation_timestamp_seconds", **policy)
-    assert after is not None and after > stopped  # it goes on evaluating
+    assert after is not None and after > stopping  # it goes on evaluating
     assert (series_value(down, "kvtune_operator_actions_total", **lower, result="applied") or 0) >= 1
 
 
