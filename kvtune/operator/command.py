@@ -1,7 +1,8 @@
 """`kvtune operator`: in a cluster, kopf runs the handlers over KVTuningPolicy resources (`--namespace`,
 repeatable, or `--all-namespaces`); `--local --target URL --admin-token-file F` runs the same tuning loop
 against one engine without Kubernetes, and `--local --target URL --proxy URL --proxy-admin-token-file F`
-against a vLLM or SGLang engine behind a kvtune proxy (the cap set through the proxy).
+against a vLLM or SGLang engine behind a kvtune proxy (the cap set through the proxy). Both serve the
+operator's own metrics on `--metrics-port` (default 9100; 0: none).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.local import Tick, run_loop
+from kvtune.operator.own_metrics import DEFAULT_PORT, OperatorMetrics
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, url_problem
 
@@ -50,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap-floor", type=int, default=TuningPolicy.cap_floor)
     parser.add_argument("--allow-fp8", action="store_true")
     parser.add_argument("--shared-prefix-tokens", type=int, default=0)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"serve the operator's own /metrics on this port (default {DEFAULT_PORT}; 0: do not serve)",
+    )
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: run until ^C)")
     parser.add_argument(
         "--namespace", "-n", action="append", default=[], help="in cluster: watch this namespace (repeatable)"
@@ -77,6 +85,20 @@ def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
         raise KvtuneError(str(err)) from None
 
 
+def serve_own_metrics(port: int) -> OperatorMetrics:
+    """The operator's metrics registry, served on `port` unless it is 0."""
+    if not 0 <= port <= 65535:
+        raise KvtuneError(f"--metrics-port {port}: must be 0-65535")
+    metrics = OperatorMetrics()
+    if port:
+        try:
+            metrics.serve(port)
+        except OSError as err:
+            raise KvtuneError(f"--metrics-port {port}: {err.strerror or err}") from None
+        logging.getLogger("kvtune.operator").info("the operator's metrics on :%d/metrics", port)
+    return metrics
+
+
 def run_in_cluster(args: argparse.Namespace) -> int:
     """kopf's operator loop with our handlers, standalone (one replica; no peering resource needed)."""
     if bool(args.namespace) == bool(args.all_namespaces):
@@ -86,7 +108,9 @@ def run_in_cluster(args: argparse.Namespace) -> int:
     import kvtune.operator.handlers  # noqa: F401  (registers the handlers)
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
-    kopf.run(standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace)
+    metrics = serve_own_metrics(args.metrics_port)
+    kopf.run(standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace,
+             memo=kopf.Memo(operator_metrics=metrics))  # fmt: skip
     return 0
 
 
@@ -140,11 +164,14 @@ def local_wiring(args: argparse.Namespace) -> tuple[MetricSource, Actuator]:
 def run(args: argparse.Namespace) -> int:
     if not args.local:
         return run_in_cluster(args)
+    from kvtune.operator.local_metrics import LocalRecorder  # loads policy_tick, hence kopf: only when run
+
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")
     source, actuator = local_wiring(args)
     policy = policy_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    record = LocalRecorder(serve_own_metrics(args.metrics_port), args.target, policy)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     stop = threading.Event()
 
@@ -157,8 +184,10 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("kvtune.operator")
 
     def on_tick(tick: Tick) -> None:
-        if isinstance(source, EngineWithProxy) and source.proxy_problem:
-            log.warning("proxy metrics missing this tick (defeat and cap series): %s", source.proxy_problem)
+        proxy_problem = source.proxy_problem if isinstance(source, EngineWithProxy) else None
+        record(tick, proxy_problem)
+        if proxy_problem:
+            log.warning("proxy metrics missing this tick (defeat and cap series): %s", proxy_problem)
         if tick.decision is not None and not tick.applied:
             d = tick.decision.diagnosis
             log.info(

@@ -1,8 +1,10 @@
 """The kopf handlers: thin. One daemon per KVTuningPolicy acts as its timer (the interval comes from the
 policy's spec and may change while it runs, which a kopf timer's fixed interval cannot follow); each tick
 runs `policy_tick.run_once` in a worker thread. One Kubernetes client serves the whole process: made at
-startup, kept in kopf's memo, closed at cleanup. Progress and diff-base go to annotations, so kopf writes
-nothing into the status the CRD schema owns."""
+startup, kept in kopf's memo, closed at cleanup. The memo also holds the operator's own metrics
+(`memo.operator_metrics`, served by `kvtune operator --metrics-port`): every tick records into them, a
+failed one counts as an error, and a policy's series go when its daemon stops. Progress and diff-base go
+to annotations, so kopf writes nothing into the status the CRD schema owns."""
 
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ import pydantic
 from kvtune.operator.crd import GROUP, PLURAL, VERSION, KVTuningPolicySpec
 from kvtune.operator.events import PolicyRef
 from kvtune.operator.kube_api import KubeApi, KubeError
+from kvtune.operator.own_metrics import (
+    ERROR_EVALUATION,
+    ERROR_INVALID_SPEC,
+    ERROR_KUBERNETES,
+    OperatorMetrics,
+)
 from kvtune.operator.policy_tick import PolicyMemory, run_once
 
 INVALID_SPEC_RETRY_S = 60.0
@@ -29,6 +37,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING  # kopf's own handler Events: only problems
     logging.getLogger("httpx").setLevel(logging.WARNING)
     memo.kube_api = KubeApi.from_environment()  # every policy's daemon gets a copy of this memo
+    if getattr(memo, "operator_metrics", None) is None:  # run without `kvtune operator`: recorded, not served
+        memo.operator_metrics = OperatorMetrics()
 
 
 @kopf.on.cleanup()
@@ -42,16 +52,18 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory,
-         generation: int | None, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:  # fmt: skip
-    """One evaluation, in a worker thread; nothing it meets may stop the daemon."""
+def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory, generation: int | None,
+         metrics: OperatorMetrics, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:  # fmt: skip
+    """One evaluation, in a worker thread; nothing it meets may stop the daemon (it is counted instead)."""
     try:
-        outcome = run_once(api, ref, spec, memory, time.time(), generation)
+        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics)
         logger.info("%s", outcome.status.note)
     except KubeError as err:
         logger.error("Kubernetes API: %s", err)
+        metrics.record_error(ref.namespace, ref.name, ERROR_KUBERNETES)
     except Exception:
         logger.exception("evaluation failed")
+        metrics.record_error(ref.namespace, ref.name, ERROR_EVALUATION)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -72,8 +84,12 @@ async def tune(
             spec = KVTuningPolicySpec.model_validate(dict(body.spec))  # live: follows spec edits
         except pydantic.ValidationError as err:
             logger.error("invalid spec: %s", err)
+            memo.operator_metrics.record_error(ref.namespace, ref.name, ERROR_INVALID_SPEC)
             await stopped.wait(INVALID_SPEC_RETRY_S)
             continue
         generation = body.metadata.get("generation")
-        await asyncio.to_thread(tick, memo.kube_api, ref, spec, memory, generation, logger)
+        await asyncio.to_thread(
+            tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics, logger
+        )
         await stopped.wait(float(spec.interval_seconds))
+    memo.operator_metrics.forget(ref.namespace, ref.name)  # deleted, or the operator stops: no stale series

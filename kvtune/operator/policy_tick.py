@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +43,15 @@ from kvtune.operator.k8s_actuator import DeploymentArgsActuator
 from kvtune.operator.kube_api import KubeApi, KubeError
 from kvtune.operator.ladder import Remedy, flag_prefix_defeat, recommend_fp8_kv
 from kvtune.operator.local import Tick, step, window_length
+from kvtune.operator.own_metrics import (
+    ERROR_ACTUATOR,
+    ERROR_EVENT_POST,
+    ERROR_PROXY_METRICS,
+    ERROR_STATUS_WRITE,
+    Evaluation,
+    OperatorMetrics,
+    evaluation_of,
+)
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.secret_cache import SecretCache
@@ -257,11 +266,57 @@ def patch_body(value: Any, in_list: bool = False) -> Any:
     return value
 
 
+def condition_states(conditions: list[Condition]) -> dict[str, bool | None]:
+    return {c.type: {"True": True, "False": False}.get(c.status) for c in conditions}
+
+
+def recommended_knobs(recommended: KnobValues | None) -> dict[str, int | None]:
+    """The knobs the status recommends (a knob it does not name is advised at its current value)."""
+    if recommended is None:
+        return {}
+    values = {KNOB_MAX_NUM_SEQS: recommended.max_num_seqs, KNOB_MAX_TOKENS_CAP: recommended.max_tokens_cap}
+    return {knob: value for knob, value in values.items() if value is not None}
+
+
 @dataclass(frozen=True)
 class Outcome:
     tick: Tick
     status: KVTuningPolicyStatus
     events: tuple[EventSpec, ...]
+    evaluation: Evaluation  # what the operator's own /metrics record of this tick
+
+
+def follow_tick(
+    memory: PolicyMemory, tick: Tick, policy: TuningPolicy, now: float
+) -> tuple[KnobValues | None, list[Condition]]:
+    """Carry one tick into `memory`: the recommendations (merged, dropped once Stable) and the conditions.
+    Returns the knobs the engine holds (None without data) and the conditions. The --local loop keeps a
+    PolicyMemory of its own for this too, so its metrics say what a KVTuningPolicy's status would."""
+    diagnosis = tick.decision.diagnosis if tick.decision else None
+    current: KnobValues | None = None
+    prefix = fp8 = (False, "")
+    if tick.engine is not None and diagnosis is not None:
+        view = tick.engine
+        current = _knobs({KNOB_MAX_NUM_SEQS: view.max_num_seqs, KNOB_MAX_TOKENS_CAP: view.max_tokens_cap,
+                          KNOB_KV_CACHE_DTYPE: view.cache_dtype})  # fmt: skip
+        flag = flag_prefix_defeat(diagnosis, view, policy)
+        prefix = (flag.applicable, flag.evidence)
+        advice = recommend_fp8_kv(diagnosis, view, policy)
+        reached = any(h.remedy is Remedy.RECOMMEND_FP8_KV for h in tick.state.history)
+        fp8 = (advice.applicable and reached, advice.evidence)
+    if tick.decision is not None:
+        proposed: dict[str, int | str | None] = {
+            a.knob: a.recommended for a in tick.decision.advice if a.knob
+        }
+        proposed.update({c.knob: c.value for c in tick.decision.changes})
+        if proposed:
+            merged = {**(memory.recommended.dump() if memory.recommended else {}), **_knobs(proposed).dump()}
+            memory.recommended = KnobValues.model_validate(merged)
+    conditions = conditions_for(memory, diagnosis, tick.no_data, prefix, fp8, now)
+    memory.conditions = {c.type: c for c in conditions}
+    if any(c.type == "Stable" and c.status == "True" for c in conditions):
+        memory.recommended = None
+    return current, conditions
 
 
 def evaluate(
@@ -311,31 +366,11 @@ def evaluate(
     memory.no_data = tick.no_data is not None
     memory.state = tick.state
 
-    diagnosis = tick.decision.diagnosis if tick.decision else None
-    current: KnobValues | None = None
-    prefix = fp8 = (False, "")
-    if tick.engine is not None and diagnosis is not None:
-        view = tick.engine
-        current = _knobs({KNOB_MAX_NUM_SEQS: view.max_num_seqs, KNOB_MAX_TOKENS_CAP: view.max_tokens_cap,
-                          KNOB_KV_CACHE_DTYPE: view.cache_dtype})  # fmt: skip
-        flag = flag_prefix_defeat(diagnosis, view, policy)
-        prefix = (flag.applicable, flag.evidence)
-        advice = recommend_fp8_kv(diagnosis, view, policy)
-        reached = any(h.remedy is Remedy.RECOMMEND_FP8_KV for h in tick.state.history)
-        fp8 = (advice.applicable and reached, advice.evidence)
-    if tick.decision is not None:
-        proposed: dict[str, int | str | None] = {
-            a.knob: a.recommended for a in tick.decision.advice if a.knob
-        }
-        proposed.update({c.knob: c.value for c in tick.decision.changes})
-        if proposed:
-            merged = {**(memory.recommended.dump() if memory.recommended else {}), **_knobs(proposed).dump()}
-            memory.recommended = KnobValues.model_validate(merged)
-    conditions = conditions_for(memory, diagnosis, tick.no_data, prefix, fp8, now)
-    memory.conditions = {c.type: c for c in conditions}
-    if any(c.type == "Stable" and c.status == "True" for c in conditions):
-        memory.recommended = None
+    current, conditions = follow_tick(memory, tick, policy, now)
     tuner, history = state_to_status(tick.state)
+    errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
+    evaluation = evaluation_of(previous, tick, condition_states(conditions),
+                               recommended_knobs(memory.recommended), errors)  # fmt: skip
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
     status = KVTuningPolicyStatus(
         observed_generation=generation,
@@ -348,24 +383,29 @@ def evaluate(
         history=history,
         tuner_state=tuner,
     )
-    return Outcome(tick, status, tuple(events))
+    return Outcome(tick, status, tuple(events), evaluation)
 
 
 def policy_path(policy_ref: PolicyRef) -> str:
     return f"/apis/{GROUP}/{VERSION}/namespaces/{policy_ref.namespace}/{PLURAL}/{policy_ref.name}"
 
 
-def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> None:
-    """Patch the status subresource and post the Events; failures are logged, the next tick retries."""
+def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> tuple[str, ...]:
+    """Patch the status subresource and post the Events; failures are logged (the next tick retries) and
+    returned as error kinds for the operator's metrics."""
+    failed: list[str] = []
     body = patch_body({"status": outcome.status.model_dump(mode="json", by_alias=True)})
     try:
         api.merge_patch(policy_path(policy_ref) + "/status", body)
     except KubeError as err:
         logger.error("could not write the status of %s/%s: %s", policy_ref.namespace, policy_ref.name, err)
+        failed.append(ERROR_STATUS_WRITE)
     for event in outcome.events:
         error = post_event(api, policy_ref, event, now)
         if error:
             logger.error("could not post event %s: %s", event.reason, error)
+            failed.append(ERROR_EVENT_POST)
+    return tuple(failed)
 
 
 def run_once(
@@ -375,7 +415,14 @@ def run_once(
     memory: PolicyMemory,
     now: float,
     generation: int | None = None,
+    metrics: OperatorMetrics | None = None,
 ) -> Outcome:
+    """Evaluate, write, and record the tick (with any write failures) in the operator's own metrics."""
     outcome = evaluate(api, policy_ref, spec, memory, now, generation)
-    write(api, policy_ref, outcome, now)
+    failed = write(api, policy_ref, outcome, now)
+    outcome = replace(
+        outcome, evaluation=replace(outcome.evaluation, errors=outcome.evaluation.errors + failed)
+    )
+    if metrics is not None:
+        metrics.record(policy_ref.namespace, policy_ref.name, outcome.evaluation)
     return outcome

@@ -186,3 +186,40 @@ def prometheus_vector(text: str, stamp: float) -> str:
         for s in family.samples
     ]
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": sample}})
+
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+# the operator's own series, as the issue-14 contract names them (counters with their _total)
+OPERATOR_SERIES = (
+    "kvtune_operator_actions_total",
+    "kvtune_operator_last_action_timestamp_seconds",
+    "kvtune_operator_knob",
+    "kvtune_operator_ladder_rung",
+    "kvtune_operator_condition",
+    "kvtune_operator_concurrency_ceiling",
+    "kvtune_operator_last_evaluation_timestamp_seconds",
+    "kvtune_operator_errors_total",
+    "kvtune_operator_no_data_total",
+    "kvtune_operator_rollbacks_total",
+)
+
+
+def parse_series(text: str) -> Series:
+    """An exposition as {(sample name, labels): value}."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def series_value(series: Series, name: str, **labels: str) -> float | None:
+    """The value of the one sample of `name` whose labels include `labels` (None if none matches)."""
+    found = [v for (n, have), v in series.items() if n == name and set(labels.items()) <= have]
+    assert len(found) <= 1, (name, labels, found)
+    return found[0] if found else None
+
+
+def series_names(series: Series) -> set[str]:
+    return {name for name, _ in series}
