@@ -1,5 +1,6 @@
 """`kvtune dashboards push`: upload the dashboards to an existing Grafana through grafana-client (the
-maintained fork of the archived grafana-api), creating or updating each one by uid inside one folder."""
+maintained fork of the archived grafana-api; its 3.x line, on requests), creating or updating each one by uid
+inside one folder."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import niquests
+import requests
 from grafana_client.api import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaUnauthorizedError
 
@@ -36,11 +37,11 @@ def read_token(path: Path) -> str:
 def _ensure_folder(api: GrafanaApi, title: str) -> str:
     uid = folder_uid(title)
     try:
-        api.folder.get_folder(uid)  # type: ignore[no-untyped-call]
+        api.folder.get_folder(uid)
     except GrafanaClientError as err:
         if err.status_code != 404:
             raise
-        api.folder.create_folder(title, uid=uid)  # type: ignore[no-untyped-call]
+        api.folder.create_folder(title, uid=uid)
     return uid
 
 
@@ -61,7 +62,7 @@ def push(grafana_url: str, token: str, folder: str) -> list[dict[str, Any]]:
         raise KvtuneError(f"Grafana at {grafana_url} refused the token (401): check --token-file") from err
     except GrafanaException as err:
         raise KvtuneError(f"Grafana at {grafana_url} answered {err.status_code}: {err.message}") from err
-    except niquests.exceptions.RequestException as err:
+    except requests.exceptions.RequestException as err:
         raise KvtuneError(f"cannot reach Grafana at {grafana_url}: {_reason(err)}") from err
 
 
