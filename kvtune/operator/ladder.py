@@ -123,7 +123,8 @@ def lower_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, f
     exact sums (no mean), pool / p95. Feedback covers the case where it is not enough."""
     current = engine.max_num_seqs
     sized = d.real_concurrency_ceiling
-    figures = f"preemption rate {d.preemption_rate or 0:.2f}/s, running max {d.running_max or 0:.0f}"
+    running = "n/a" if d.running_max is None else f"{d.running_max:.0f}"
+    figures = f"preemption rate {d.preemption_rate or 0:.2f}/s, running max {running}"
     if sized is not None and d.footprint_p95 is not None:
         figures += f"; KV pool {engine.pool_tokens:,} tokens / p95 footprint {d.footprint_p95:,.0f} = {sized}"
     pooled = d.pooled_p95_concurrency
@@ -278,7 +279,7 @@ def recommend_fp8_kv(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> 
     return Advice(
         Remedy.RECOMMEND_FP8_KV, True, dtype, "fp8",
         f"pressure persists (preemption rate {d.preemption_rate or 0:.2f}/s, KV usage max "
-        f"{(d.kv_usage_max or 0):.0%}); FP8 KV stores 2x the tokens in the same bytes: {gain}. "
+        f"{_ratio(d.kv_usage_max)}); FP8 KV stores 2x the tokens in the same bytes: {gain}. "
         "Caveat: quantised K/V cost some accuracy; check your evals, prefer calibrated scales. " + applied,
     )  # fmt: skip
 
@@ -291,3 +292,8 @@ def plan(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> list[Advice]
         flag_prefix_defeat(d, engine, policy),
         recommend_fp8_kv(d, engine, policy),
     ]
+
+
+def _ratio(value: float | None) -> str:
+    """A usage ratio as a percentage; n/a where the gauge was not read (a diagnosis from counters since boot)."""
+    return "n/a" if value is None else f"{value:.0%}"

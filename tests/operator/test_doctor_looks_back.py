@@ -72,6 +72,8 @@ def test_quiet_engine_is_diagnosed_from_its_counters_since_boot(capsys: pytest.C
         text = capsys.readouterr().out
         assert text.splitlines()[0].endswith("(quiet now; its counters since boot, 30 minutes)")
         assert SINCE_BOOT_LINE in text and "max_num_seqs: 64 → 4" in text
+        # gauges are not read since boot: the evidence says n/a, never a made-up 0
+        assert "running max n/a" in text and "running max 0" not in text
 
 
 def test_quiet_engine_without_preemptions_since_boot_is_idle(capsys: pytest.CaptureFixture[str]) -> None:
