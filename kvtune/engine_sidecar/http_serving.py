@@ -82,3 +82,19 @@ def add_front_arguments(parser: argparse.ArgumentParser) -> None:
         help="show the prompt text of varying spans in /kvtune/prefix-report (prompt text is user data: "
         "off by default, the report then holds only positions, lengths and hashes)",
     )
+
+
+def check_front_arguments(args: argparse.Namespace) -> None:
+    """The shared flags' checks (the flags of `add_front_arguments`, the body limit and the ports), one
+    clear KvtuneError for the first that is wrong."""
+    if args.prefix_key_header is not None and not args.prefix_key_header.strip():
+        raise KvtuneError("--prefix-key-header needs a header name")
+    if args.max_request_body_bytes < 1:
+        raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
+    if args.admin_port is not None:
+        if not args.admin_token_file:
+            raise KvtuneError("--admin-port needs --admin-token-file (without a token there is no admin API)")
+        if not 0 < args.admin_port < 65536 or args.admin_port == args.port:
+            raise KvtuneError(
+                f"--admin-port must be a free TCP port other than --port, got {args.admin_port}"
+            )

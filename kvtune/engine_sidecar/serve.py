@@ -23,7 +23,12 @@ from kvtune.core.allocators import POLICIES
 from kvtune.engine_sidecar.async_engine import AsyncEngine
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.http_serving import add_front_arguments, read_token_file, serve_together
+from kvtune.engine_sidecar.http_serving import (
+    add_front_arguments,
+    check_front_arguments,
+    read_token_file,
+    serve_together,
+)
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.engine_sidecar.server import build_admin_app, build_app
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
@@ -181,17 +186,7 @@ def build_server(args: argparse.Namespace) -> Server:
         raise KvtuneError(
             f"--max-waiting-requests must be >= 0, or -1 for no limit; got {args.max_waiting_requests}"
         )
-    if args.prefix_key_header is not None and not args.prefix_key_header.strip():
-        raise KvtuneError("--prefix-key-header needs a header name")
-    if args.max_request_body_bytes < 1:
-        raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
-    if args.admin_port is not None:
-        if not args.admin_token_file:
-            raise KvtuneError("--admin-port needs --admin-token-file (without a token there is no admin API)")
-        if not 0 < args.admin_port < 65536 or args.admin_port == args.port:
-            raise KvtuneError(
-                f"--admin-port must be a free TCP port other than --port, got {args.admin_port}"
-            )
+    check_front_arguments(args)
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     config = engine_config(args)

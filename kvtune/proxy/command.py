@@ -19,7 +19,12 @@ from urllib.parse import urlsplit
 import uvicorn
 
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.http_serving import add_front_arguments, read_token_file, serve_together
+from kvtune.engine_sidecar.http_serving import (
+    add_front_arguments,
+    check_front_arguments,
+    read_token_file,
+    serve_together,
+)
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.errors import KvtuneError
 from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
@@ -96,15 +101,7 @@ def _check(args: argparse.Namespace) -> None:
         raise KvtuneError(f"--max-tokens-cap must be positive, got {args.max_tokens_cap}")
     if args.upstream_timeout <= 0:
         raise KvtuneError(f"--upstream-timeout must be positive, got {args.upstream_timeout}")
-    if args.max_request_body_bytes < 1:
-        raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
-    if args.admin_port is not None:
-        if not args.admin_token_file:
-            raise KvtuneError("--admin-port needs --admin-token-file (without a token there is no admin API)")
-        if not 0 < args.admin_port < 65536 or args.admin_port == args.port:
-            raise KvtuneError(
-                f"--admin-port must be a free TCP port other than --port, got {args.admin_port}"
-            )
+    check_front_arguments(args)
 
 
 def build_core(args: argparse.Namespace) -> ProxyCore:
