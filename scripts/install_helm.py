@@ -81,7 +81,9 @@ def install(dest: Path) -> list[str]:
         os.chmod(partial.name, 0o755)
         os.replace(partial.name, dest / name)
         if not runs(dest / name, probe):
-            raise InstallError(f"{dest / name} was installed but `{name} {' '.join(probe)}` fails on this machine")
+            raise InstallError(
+                f"{dest / name} was installed but `{name} {' '.join(probe)}` fails on this machine"
+            )
     return wanted
 
 

@@ -57,7 +57,9 @@ def template(
     return helm("template", RELEASE, CHART, "--namespace", NAMESPACE, "-f", values_file, *extra)
 
 
-def render(values: dict[str, Any], tmp_path: Path, api_versions: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any], tmp_path: Path, api_versions: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """The objects `helm template` renders; a failed render fails the test with helm's message."""
     done = template(values, tmp_path, api_versions)
     assert done.returncode == 0, done.stderr

@@ -56,7 +56,9 @@ def closed(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=sorted(MATRIX), ids=sorted(MATRIX))
-def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def rendered(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
     values, api_versions = MATRIX[request.param]
     return render(values, tmp_path_factory.mktemp(request.param), api_versions)
 
@@ -86,7 +88,9 @@ def test_every_built_in_object_is_valid_for_kubernetes(rendered: list[dict[str, 
         try:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.ValidationError as err:
-            pytest.fail(f"{name} is not valid for Kubernetes {KUBERNETES_VERSION}: {err.message} at {err.path}")
+            pytest.fail(
+                f"{name} is not valid for Kubernetes {KUBERNETES_VERSION}: {err.message} at {err.path}"
+            )
 
 
 def test_every_custom_resource_matches_its_crd(rendered: list[dict[str, Any]]) -> None:
@@ -105,7 +109,14 @@ def test_the_prometheus_rules_pass_promtool(rendered: list[dict[str, Any]], tmp_
         groups_file = tmp_path / "groups.yaml"
         groups_file.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
         done = subprocess.run(
-            [require("promtool"), "check", "rules", "--lint=duplicate-rules", "--lint-fatal", str(groups_file)],
+            [
+                require("promtool"),
+                "check",
+                "rules",
+                "--lint=duplicate-rules",
+                "--lint-fatal",
+                str(groups_file),
+            ],
             capture_output=True,
             text=True,
             timeout=120,
