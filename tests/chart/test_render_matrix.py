@@ -139,3 +139,21 @@ def test_the_service_monitor_scrapes_the_operators_metrics_service(rendered: lis
         (endpoint,) = monitor["spec"]["endpoints"]
         assert (endpoint["port"], endpoint["path"], ports[endpoint["port"]]) == ("metrics", "/metrics", 9100)
         assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["kvtune-system"]}
+
+
+def test_a_misspelt_policy_field_is_refused_not_pruned() -> None:
+    """The CRD check is only worth having if a field the API server would silently drop fails it."""
+    schema = closed(chart_crds()[("kvtune.dev/v1alpha1", "KVTuningPolicy")])
+    policy = {
+        "apiVersion": "kvtune.dev/v1alpha1",
+        "kind": "KVTuningPolicy",
+        "metadata": {"name": "llama"},
+        "spec": {
+            "target": {"name": "llama", "engine": "vllm", "proxyAdminURL": "http://llama:8002"},
+            "metrics": {"metricsUrl": "http://llama:8000/metrics"},
+        },
+    }
+    errors = [error.message for error in jsonschema.Draft7Validator(schema).iter_errors(policy)]
+    assert errors == ["Additional properties are not allowed ('proxyAdminURL' was unexpected)"]
+    del policy["spec"]["target"]["proxyAdminURL"]
+    assert not list(jsonschema.Draft7Validator(schema).iter_errors(policy))
