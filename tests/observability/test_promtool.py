@@ -15,6 +15,7 @@ from tests.observability.tools import require
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "prometheus"
+CHART_COPY = ROOT / command.CHART_COPY_DIR / command.RULES_FILE
 UNIT_TESTS = sorted((Path(__file__).parent / "promtool").glob("*.yaml"))
 
 
@@ -29,6 +30,13 @@ def test_committed_files_match_the_source() -> None:
         assert committed.read_text() == content, (
             f"{committed} drifted from kvtune/observability/rules.py: run `kvtune rules build` and commit it"
         )
+
+
+def test_the_charts_copy_matches_the_source() -> None:
+    assert CHART_COPY.exists(), f"{CHART_COPY} is missing: run `kvtune rules build`"
+    assert CHART_COPY.read_text() == command.rendered_files()[command.RULES_FILE], (
+        f"{CHART_COPY} drifted from kvtune/observability/rules.py: run `kvtune rules build` and commit it"
+    )
 
 
 def test_prometheus_rule_carries_the_same_groups() -> None:

@@ -1,0 +1,89 @@
+{{/* Names, labels and the watched namespaces, shared by every template. */}}
+
+{{- define "kvtune.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvtune.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "kvtune.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* The namespaces the operator watches, one per line; empty when cluster-wide. */}}
+{{- define "kvtune.watchNamespaces" -}}
+{{- if .Values.clusterWide -}}
+{{- if .Values.watchNamespaces -}}
+{{- fail "clusterWide: true watches every namespace; leave watchNamespaces empty" -}}
+{{- end -}}
+{{- else -}}
+{{- $namespaces := .Values.watchNamespaces | default (list .Release.Namespace) -}}
+{{- range $namespaces | uniq }}
+{{ . }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvtune.peeringName" -}}
+{{- .Values.peeringName | default (include "kvtune.fullname" .) -}}
+{{- end -}}
+
+{{- define "kvtune.image" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .appVersion) -}}
+{{- end -}}
+
+{{/* The admin-token Secrets the operator may read: the values' list plus the enabled examples'. */}}
+{{- define "kvtune.adminTokenSecrets" -}}
+{{- $names := .Values.adminTokenSecrets -}}
+{{- if .Values.examples.kvtuneEngine.enabled -}}
+{{- $names = append $names (printf "%s-example-engine-admin" (include "kvtune.fullname" .)) -}}
+{{- end -}}
+{{- if .Values.examples.vllmProxy.enabled -}}
+{{- $names = append $names (printf "%s-example-vllm-proxy-admin" (include "kvtune.fullname" .)) -}}
+{{- end -}}
+{{- range $names | uniq }}
+{{ . }}
+{{- end -}}
+{{- end -}}
+
+{{/* The hardened container securityContext every container of the chart runs with. */}}
+{{- define "kvtune.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "kvtune.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.runAsUser }}
+runAsGroup: {{ .Values.runAsGroup }}
+fsGroup: {{ .Values.runAsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* An admin token kept across upgrades: the existing Secret's value when there is one, else a new one. */}}
+{{- define "kvtune.adminToken" -}}
+{{- $existing := lookup "v1" "Secret" .namespace .name -}}
+{{- if and $existing $existing.data (index $existing.data "token") -}}
+{{- index $existing.data "token" -}}
+{{- else -}}
+{{- randAlphaNum 40 | b64enc -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,20 @@
+# The operator's image: `kvtune operator` (and `kvtune doctor`), the operator extra only: no torch, no web
+# server. Build from the repository root:
+#   docker build -f deploy/docker/operator.Dockerfile -t ghcr.io/kvtune/kvtune-operator:0.1.0 .
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY kvtune ./kvtune
+RUN python -m venv /opt/kvtune \
+ && /opt/kvtune/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/kvtune/bin/pip install --no-cache-dir '.[operator]'
+
+FROM python:3.11-slim
+COPY --from=build /opt/kvtune /opt/kvtune
+ENV PATH=/opt/kvtune/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# A numeric non-root user, so that Kubernetes' runAsNonRoot can check it without a passwd lookup.
+USER 65532:65532
+ENTRYPOINT ["kvtune"]
+CMD ["operator"]

@@ -1,0 +1,237 @@
+"""What the chart's values do: the hardening every container gets, the operator's arguments and peering,
+the PDB past one replica, the dashboards' ConfigMaps, monitoring objects only with their CRDs, RBAC per
+watched namespace or cluster-wide with Secrets by name only, the examples, and values.schema.json
+refusing a wrong value with a message that names it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtune.dashboards.build import rendered as rendered_dashboards
+from tests.chart.helm import MONITORING_API, NAMESPACE, by_kind, one, render, template
+from tests.chart.matrix import ENGINE_ON, VLLM_PROXY_ON
+
+
+def containers(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(workload name, pod spec, container) for every container the chart runs."""
+    return [
+        (workload["metadata"]["name"], workload["spec"]["template"]["spec"], container)
+        for workload in by_kind(objects, "Deployment")
+        for container in workload["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+def operator_args(objects: list[dict[str, Any]]) -> list[str]:
+    (deployment,) = [d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "kvtune"]
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def rules_by_resource(role: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        f"{group}/{resource}": rule
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+def test_every_container_is_hardened(tmp_path: Path) -> None:
+    objects = render(
+        {**ENGINE_ON, "examples": {**ENGINE_ON["examples"], **VLLM_PROXY_ON["examples"]}}, tmp_path
+    )
+    found = containers(objects)
+    assert {container["name"] for _, _, container in found} == {"operator", "engine", "vllm", "kvtune-proxy"}
+    for workload, pod, container in found:
+        where = f"{workload}/{container['name']}"
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["runAsUser"] == 65532, where
+        security = container["securityContext"]
+        assert security["runAsNonRoot"] is True, where
+        assert security["readOnlyRootFilesystem"] is True, where
+        assert security["allowPrivilegeEscalation"] is False, where
+        assert security["capabilities"] == {"drop": ["ALL"]}, where
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert container["resources"]["requests"] and container["resources"]["limits"], where
+        writable = {mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly")}
+        assert "/tmp" in writable, where
+
+
+def test_the_operator_runs_with_health_probes_metrics_and_peering(tmp_path: Path) -> None:
+    objects = render({}, tmp_path)
+    (operator,) = [c for _, _, c in containers(objects) if c["name"] == "operator"]
+    assert operator["image"] == "ghcr.io/kvtune/kvtune-operator:0.1.0"
+    assert operator["args"] == [
+        "operator", "--metrics-port", "9100", "--liveness-port", "8080", "--peering", "kvtune",
+        "--namespace", NAMESPACE,
+    ]  # fmt: skip
+    ports = {port["name"]: port["containerPort"] for port in operator["ports"]}
+    assert ports == {"metrics": 9100, "health": 8080}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert operator[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    peering = one(objects, "KopfPeering")
+    assert (peering["metadata"]["name"], peering["metadata"]["namespace"]) == ("kvtune", NAMESPACE)
+    assert by_kind(objects, "ClusterKopfPeering") == []
+
+
+def test_one_replica_has_no_pdb_and_two_replicas_get_one(tmp_path: Path) -> None:
+    assert by_kind(render({}, tmp_path), "PodDisruptionBudget") == []
+    objects = render({"replicas": 2}, tmp_path)
+    assert one(objects, "Deployment")["spec"]["replicas"] == 2
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert (
+        budget["spec"]["selector"]["matchLabels"]
+        == one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_each_dashboard_is_a_labelled_config_map_holding_its_json(tmp_path: Path) -> None:
+    maps = by_kind(render({}, tmp_path), "ConfigMap")
+    expected = {name: json.loads(text) for name, text in rendered_dashboards().items()}
+    held = {}
+    for config_map in maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "kvtune"}
+        ((name, text),) = config_map["data"].items()
+        held[name] = json.loads(text)
+    assert held == expected
+    assert by_kind(render({"dashboards": {"enabled": False}}, tmp_path), "ConfigMap") == []
+
+
+@pytest.mark.parametrize(
+    ("values", "api_versions", "expected"),
+    [
+        ({}, (), False),
+        ({}, (MONITORING_API,), True),
+        ({"monitoring": {"force": True}}, (), True),
+        ({"monitoring": {"enabled": False}}, (MONITORING_API,), False),
+    ],
+    ids=["crds-absent", "crds-present", "forced", "disabled"],
+)
+def test_monitoring_objects_only_where_the_prometheus_operator_is(
+    tmp_path: Path, values: dict[str, Any], api_versions: tuple[str, ...], expected: bool
+) -> None:
+    objects = render(values, tmp_path, api_versions)
+    kinds = {obj["kind"] for obj in objects}
+    assert ({"ServiceMonitor", "PrometheusRule"} <= kinds) is expected
+    assert not ({"ServiceMonitor", "PrometheusRule"} & kinds) or expected
+    assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9100  # the metrics Service is always there
+
+
+def test_namespaced_rbac_is_one_role_per_watched_namespace(tmp_path: Path) -> None:
+    objects = render(
+        {"watchNamespaces": ["team-a", "team-b"], "adminTokenSecrets": ["llama-admin"]}, tmp_path
+    )
+    assert by_kind(objects, "ClusterRole") == [] and by_kind(objects, "ClusterRoleBinding") == []
+    roles = {role["metadata"]["namespace"]: role for role in by_kind(objects, "Role")}
+    bindings = {binding["metadata"]["namespace"]: binding for binding in by_kind(objects, "RoleBinding")}
+    assert sorted(roles) == sorted(bindings) == ["team-a", "team-b"]
+    for namespace, binding in bindings.items():
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kvtune", "namespace": NAMESPACE}]
+        assert binding["roleRef"]["name"] == roles[namespace]["metadata"]["name"]
+    rules = rules_by_resource(roles["team-a"])
+    assert sorted(rules) == [
+        "/events", "/secrets", "apps/deployments", "apps/statefulsets", "discovery.k8s.io/endpointslices",
+        "kopf.dev/kopfpeerings", "kvtune.dev/kvtuningpolicies", "kvtune.dev/kvtuningpolicies/status",
+    ]  # fmt: skip
+    assert rules["/secrets"]["resourceNames"] == ["llama-admin"] and rules["/secrets"]["verbs"] == ["get"]
+    assert rules["kvtune.dev/kvtuningpolicies/status"]["verbs"] == ["patch"]
+    assert rules["/events"]["verbs"] == ["create"]
+    args = operator_args(objects)
+    assert args[args.index("--peering") + 2 :] == ["--namespace", "team-a", "--namespace", "team-b"]
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")) == ["team-a", "team-b"]
+
+
+def test_without_admin_token_secrets_no_secret_is_readable(tmp_path: Path) -> None:
+    """An empty resourceNames would grant every Secret: the rule is left out instead."""
+    role = one(render({}, tmp_path), "Role")
+    assert "/secrets" not in rules_by_resource(role)
+
+
+def test_cluster_wide_is_one_cluster_role_and_a_cluster_peering(tmp_path: Path) -> None:
+    objects = render({"clusterWide": True, "adminTokenSecrets": ["llama-admin"]}, tmp_path)
+    assert by_kind(objects, "Role") == [] and by_kind(objects, "KopfPeering") == []
+    rules = rules_by_resource(one(objects, "ClusterRole"))
+    assert "kopf.dev/clusterkopfpeerings" in rules and "kopf.dev/kopfpeerings" not in rules
+    assert rules["apiextensions.k8s.io/customresourcedefinitions"]["verbs"] == ["list", "watch"]
+    assert rules["/secrets"]["resourceNames"] == ["llama-admin"]
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kvtune", "namespace": NAMESPACE}]
+    assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "kvtune"
+    args = operator_args(objects)
+    assert "--all-namespaces" in args and "--namespace" not in args
+
+
+def test_the_example_engine_is_tuned_through_its_admin_api(tmp_path: Path) -> None:
+    objects = render(ENGINE_ON, tmp_path)
+    secret = one(objects, "Secret")
+    policy = one(objects, "KVTuningPolicy")
+    (engine,) = [c for _, _, c in containers(objects) if c["name"] == "engine"]
+    assert engine["image"] == "ghcr.io/kvtune/kvtune-engine:0.1.0"
+    assert engine["args"][:2] == ["serve", "--tiny"]
+    token_file = engine["args"][engine["args"].index("--admin-token-file") + 1]
+    assert token_file == "/var/run/kvtune/admin/token"
+    assert policy["spec"]["target"] == {
+        "name": "kvtune-example-engine",
+        "engine": "kvtune",
+        "adminUrl": "http://kvtune-example-engine:8000",
+        "adminTokenSecretRef": {"name": secret["metadata"]["name"]},
+    }
+    assert policy["spec"]["metrics"] == {"metricsUrl": "http://kvtune-example-engine:8000/metrics"}
+    # The operator may read this Secret, and only because the example is on.
+    assert rules_by_resource(one(objects, "Role"))["/secrets"]["resourceNames"] == [
+        secret["metadata"]["name"]
+    ]
+
+
+def test_the_vllm_example_sends_clients_through_the_proxy_sidecar(tmp_path: Path) -> None:
+    objects = render(VLLM_PROXY_ON, tmp_path)
+    (deployment,) = [
+        d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "kvtune-example-vllm"
+    ]
+    vllm, proxy = deployment["spec"]["template"]["spec"]["containers"]
+    assert (vllm["name"], proxy["name"]) == ("vllm", "kvtune-proxy")
+    assert proxy["args"][:3] == ["proxy", "--upstream", "http://127.0.0.1:8000"]
+    assert (
+        proxy["args"][proxy["args"].index("--model-dir") + 1]
+        == vllm["args"][vllm["args"].index("--model") + 1]
+    )
+    services = {service["metadata"]["name"]: service for service in by_kind(objects, "Service")}
+    client_port = services["kvtune-example-vllm"]["spec"]["ports"][0]
+    assert (client_port["name"], client_port["port"], client_port["targetPort"]) == ("http", 8000, "proxy")
+    assert {port["name"]: port["containerPort"] for port in proxy["ports"]}["proxy"] == 8001
+    policy = one(objects, "KVTuningPolicy")["spec"]
+    assert policy["target"]["engine"] == "vllm" and policy["target"]["container"] == "vllm"
+    assert policy["target"]["proxyAdminUrl"] == "http://kvtune-example-vllm:8002"
+    assert policy["metrics"]["proxyMetricsUrl"] == "http://kvtune-example-vllm:8000/metrics"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicas": "two"}, "at '/replicas': got string, want integer"),
+        ({"replicas": 0}, "at '/replicas'"),
+        ({"replica": 2}, "additional properties 'replica' not allowed"),
+        ({"watchNamespaces": ["Team_A"]}, "at '/watchNamespaces/0'"),
+        ({"adminTokenSecrets": "llama-admin"}, "at '/adminTokenSecrets': got string, want array"),
+        ({"monitoring": {"force": "yes"}}, "at '/monitoring/force': got string, want boolean"),
+        ({"examples": {"kvtuneEngine": {"policyMode": "Act"}}}, "at '/examples/kvtuneEngine/policyMode'"),
+        ({"clusterWide": True, "watchNamespaces": ["team-a"]}, "clusterWide: true watches every namespace"),
+        ({"examples": {"vllmProxy": {"enabled": True}}}, "examples.vllmProxy.modelClaimName is required"),
+    ],
+    ids=[
+        "replicas-string", "replicas-zero", "unknown-top-level-key", "bad-namespace", "secrets-not-a-list",
+        "force-not-bool", "unknown-mode", "cluster-wide-with-namespaces", "vllm-without-model",
+    ],
+)  # fmt: skip
+def test_a_wrong_value_fails_with_a_message_naming_it(
+    tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    done = template(values, tmp_path)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr

