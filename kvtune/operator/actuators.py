@@ -5,6 +5,8 @@ operator records it as a finding and keeps running."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +22,7 @@ class ActuatorResult:
     ok: bool
     values: KnobValues  # the knobs as the engine reports them after the call (empty on failure)
     error: str | None = None
+    split: frozenset[str] = frozenset()  # knobs the parts (pods) hold different values of: None in values
 
 
 class Actuator(Protocol):
@@ -109,3 +112,50 @@ class ComposedActuator:
         if part is None:
             return ActuatorResult(False, {}, f"no actuator here changes {knob}")
         return part.apply(knob, value)
+
+
+MAX_PARALLEL_CALLS = 16
+
+
+class FanOutActuator:
+    """One actuator per pod of a workload as one: `apply` goes to every pod and is ok only when every pod
+    is (the error names the pods that failed); `current` reports a knob's value only when every pod that
+    answered agrees. A knob they disagree on (a new or replaced pod still at its flags) is None and listed
+    in `split`, so the desired-state re-apply (`local.reapply_desired`) puts it back on every pod."""
+
+    def __init__(self, parts: Mapping[str, Actuator], knobs: frozenset[str]) -> None:
+        self.parts = dict(parts)
+        self.knobs = knobs
+        self.held: dict[str, KnobValues] = {}  # what each pod last said it holds
+
+    def _each(self, call: Callable[[Actuator], ActuatorResult]) -> dict[str, ActuatorResult]:
+        if not self.parts:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_CALLS, len(self.parts))) as pool:
+            return dict(zip(self.parts, pool.map(call, self.parts.values()), strict=True))
+
+    def _combined(self, results: dict[str, ActuatorResult], everyone: bool) -> ActuatorResult:
+        if not results:
+            return ActuatorResult(False, {}, "no ready pod to act on")
+        answered = {pod: result for pod, result in results.items() if result.ok}
+        self.held.update({pod: dict(result.values) for pod, result in answered.items()})
+        failed = sorted(pod for pod in results if pod not in answered)
+        error = "; ".join(f"pod {pod}: {results[pod].error}" for pod in failed) or None
+        values: KnobValues = {}
+        split: set[str] = set()
+        for knob in self.knobs:
+            held = {result.values.get(knob) for result in answered.values() if knob in result.values}
+            if len(held) == 1:
+                values[knob] = held.pop()
+            elif held:
+                values[knob] = None
+                split.add(knob)
+        ok = not failed if everyone else bool(answered)
+        return ActuatorResult(ok, values if ok else {}, error, frozenset(split) if ok else frozenset())
+
+    def current(self) -> ActuatorResult:
+        """What the pods hold; ok when any answered (a pod that did not is named in `error`)."""
+        return self._combined(self._each(lambda part: part.current()), everyone=False)
+
+    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+        return self._combined(self._each(lambda part: part.apply(knob, value)), everyone=True)

@@ -61,13 +61,43 @@ class SecretKeyRef(CamelModel):
     key: str = Field("token", min_length=1)
 
 
+PORT_MESSAGE = "a port is 1-65535"
+
+
+class PodEndpoints(CamelModel):
+    """Every pod of the workload, found through the EndpointSlices of a Service that selects them: each ready
+    pod's /metrics is read and pooled, and a kvtune engine's knobs are set on each pod's admin API."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel("self.metricsPath.startsWith('/')", "metricsPath is a path: it starts with /")
+    )
+
+    service: Name = Field(description="the Service whose EndpointSlices list the pods")
+    metrics_port: int = Field(ge=1, le=65535, description="the port of each pod's /metrics")
+    admin_port: int | None = Field(
+        None, ge=1, le=65535, description="kvtune engines: each pod's admin API port (default metricsPort)"
+    )
+    scheme: Literal["http", "https"] = "http"
+    metrics_path: str = Field("/metrics", min_length=1)
+
+    @model_validator(mode="after")
+    def _path(self) -> PodEndpoints:
+        if not self.metrics_path.startswith("/"):
+            raise ValueError("metricsPath is a path: it starts with /")
+        return self
+
+
 class TargetRef(CamelModel):
     """The workload to tune and how to reach its knobs."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            "self.engine != 'kvtune' || (has(self.adminUrl) && has(self.adminTokenSecretRef))",
-            "a kvtune engine needs adminUrl and adminTokenSecretRef",
+            "self.engine != 'kvtune' || ((has(self.adminUrl) || has(self.podEndpoints)) && has(self.adminTokenSecretRef))",
+            "a kvtune engine needs adminTokenSecretRef, and adminUrl or podEndpoints",
+            (
+                "!has(self.adminUrl) || !has(self.podEndpoints)",
+                "adminUrl reaches one pod: with podEndpoints the operator reaches every pod at its adminPort",
+            ),
             (
                 "has(self.proxyAdminUrl) == has(self.proxyAdminTokenSecretRef)",
                 "set proxyAdminUrl and proxyAdminTokenSecretRef together",
@@ -96,11 +126,19 @@ class TargetRef(CamelModel):
     proxy_admin_token_secret_ref: SecretKeyRef | None = Field(
         None, description="the kvtune proxy's admin bearer token"
     )
+    pod_endpoints: PodEndpoints | None = Field(
+        None, description="many replicas: read and act on every pod, found through a Service's EndpointSlices"
+    )
 
     @model_validator(mode="after")
     def _kvtune_needs_admin(self) -> TargetRef:
-        if self.engine == "kvtune" and (self.admin_url is None or self.admin_token_secret_ref is None):
-            raise ValueError("a kvtune engine needs adminUrl and adminTokenSecretRef")
+        reachable = self.admin_url is not None or self.pod_endpoints is not None
+        if self.engine == "kvtune" and (not reachable or self.admin_token_secret_ref is None):
+            raise ValueError("a kvtune engine needs adminTokenSecretRef, and adminUrl or podEndpoints")
+        if self.admin_url is not None and self.pod_endpoints is not None:
+            raise ValueError(
+                "adminUrl reaches one pod: with podEndpoints the operator reaches every pod at its adminPort"
+            )
         if (self.proxy_admin_url is None) != (self.proxy_admin_token_secret_ref is None):
             raise ValueError("set proxyAdminUrl and proxyAdminTokenSecretRef together")
         if self.proxy_admin_url is not None and self.engine == "kvtune":
@@ -113,6 +151,9 @@ class TargetRef(CamelModel):
 class PrometheusRef(CamelModel):
     url: str = Field(min_length=1)
     selector: str = Field(min_length=1, description='label selector, e.g. {job="vllm",pod=~"llama-.*"}')
+    by_pod: bool = Field(
+        False, description="read each pod's series apart (by the pod label) and pool them, instead of one sum"
+    )
 
 
 class MetricsSourceSpec(CamelModel):
@@ -160,8 +201,28 @@ class Bounds(CamelModel):
 
 
 class KVTuningPolicySpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "has(self.metrics) || has(self.target.podEndpoints)",
+            "set metrics, or target.podEndpoints to read every pod's own /metrics",
+            (
+                "!has(self.target.podEndpoints) || !has(self.metrics) || !has(self.metrics.metricsUrl)",
+                "metricsUrl reads one engine: with target.podEndpoints omit metrics (each pod is read) or "
+                "use prometheus",
+            ),
+            (
+                "self.target.engine != 'kvtune' || has(self.target.podEndpoints) || !has(self.metrics) || "
+                "!has(self.metrics.prometheus) || !has(self.metrics.prometheus.byPod) || "
+                "!self.metrics.prometheus.byPod",
+                "prometheus.byPod on a kvtune engine needs target.podEndpoints, to reach every pod's admin API",
+            ),
+        )
+    )
+
     target: TargetRef
-    metrics: MetricsSourceSpec
+    metrics: MetricsSourceSpec | None = Field(
+        None, description="where samples come from (omit with target.podEndpoints: each pod's /metrics)"
+    )
     mode: ModeName = "Recommend"
     bounds: Bounds = Field(default_factory=lambda: Bounds.model_validate({}))
     interval_seconds: int = Field(15, ge=1, description="seconds between two metric samples")
@@ -170,6 +231,22 @@ class KVTuningPolicySpec(CamelModel):
     max_step: int = Field(TuningPolicy.max_step, ge=1, description="largest max_num_seqs change at once")
     allow_fp8: bool = Field(False, alias="allowFP8", description="apply FP8 KV (accuracy caveat)")
     shared_prefix_tokens: int = Field(0, ge=0, description="declared shared prompt prefix (0: none)")
+
+    @model_validator(mode="after")
+    def _where_pods_are_read(self) -> KVTuningPolicySpec:
+        pods, metrics = self.target.pod_endpoints, self.metrics
+        if metrics is None and pods is None:
+            raise ValueError("set metrics, or target.podEndpoints to read every pod's own /metrics")
+        if pods is not None and metrics is not None and metrics.metrics_url is not None:
+            raise ValueError(
+                "metricsUrl reads one engine: with target.podEndpoints omit metrics (each pod is read) or "
+                "use prometheus"
+            )
+        by_pod = metrics is not None and metrics.prometheus is not None and metrics.prometheus.by_pod
+        if by_pod and self.target.engine == "kvtune" and pods is None:
+            raise ValueError("prometheus.byPod on a kvtune engine needs target.podEndpoints, to reach every "
+                             "pod's admin API")  # fmt: skip
+        return self
 
     def to_policy(self) -> TuningPolicy:
         return TuningPolicy(
@@ -310,6 +387,20 @@ class TunerStateModel(CamelModel):
     reported: list[str] = Field(default_factory=list)
 
 
+POD_STATUS_LIMIT = 32  # status.pods keeps the worst pods first; a large workload's healthy tail is left out
+
+
+class PodStatus(CamelModel):
+    """One pod over the last window: the evidence the workload's one decision pooled."""
+
+    name: str
+    preemptions: float = Field(description="preemptions in the window")
+    kv_usage_max: float | None = None
+    running_max: float | None = None
+    max_num_seqs: int | None = Field(None, description="the max_num_seqs the pod holds")
+    last_seen: datetime
+
+
 class KVTuningPolicyStatus(CamelModel):
     model_config = ConfigDict(extra="ignore")  # tolerate fields other writers add
 
@@ -324,6 +415,10 @@ class KVTuningPolicyStatus(CamelModel):
     )
     history: list[HistoryItem] = Field(default_factory=list, max_length=HISTORY_LIMIT)
     tuner_state: TunerStateModel | None = None
+    pods: list[PodStatus] = Field(
+        default_factory=list, max_length=POD_STATUS_LIMIT, description="per pod, the worst first"
+    )
+    worst_pod: str | None = Field(None, description="most preemptions in the window, then highest KV usage")
 
 
 class KVTuningPolicy(CamelModel):

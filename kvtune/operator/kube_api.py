@@ -149,6 +149,13 @@ class KubeApi:
     def create(self, path: str, body: Json) -> Json:
         return self.request("POST", path, body)
 
+    def list_endpoint_slices(self, namespace: str, service: str) -> list[Json]:
+        """The EndpointSlices of one Service (discovery.k8s.io/v1, by the kubernetes.io/service-name label).
+        Temporary, for issue 15's many-replica work: the facade on the official client replaces it."""
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+        found = self.get(f"{path}?labelSelector=kubernetes.io%2Fservice-name%3D{service}")
+        return [item for item in found.get("items") or [] if isinstance(item, dict)]
+
 
 def deployment_path(namespace: str, name: str) -> str:
     return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"

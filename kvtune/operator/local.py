@@ -80,15 +80,16 @@ def after_calls(current: ActuatorResult, calls: Iterable[ActuatorResult]) -> Act
 def reapply_desired(
     actuator: Actuator, policy: TuningPolicy, state: TunerState, current: ActuatorResult
 ) -> tuple[tuple[str, Value, ActuatorResult], ...]:
-    """Put back every desired value the engine does not hold (`current`, read this tick; Apply mode only);
-    failures are logged and simply tried again next tick."""
+    """Put back every desired value the engine does not hold (`current`, read this tick; Apply mode only),
+    or that not every pod holds (`current.split`); failures are logged and simply tried again next tick."""
     desired = {knob: value for knob, value in state.desired if knob in actuator.knobs}
     if policy.mode is not Mode.APPLY or not desired:
         return ()
     if not current.ok:
         return ()
     done: list[tuple[str, Value, ActuatorResult]] = []
-    for knob, value in drifted(desired, dict(current.values)).items():
+    split = {knob: value for knob, value in desired.items() if knob in current.split}  # pods disagree
+    for knob, value in {**drifted(desired, dict(current.values)), **split}.items():
         outcome = actuator.apply(knob, value)
         done.append((knob, value, outcome))
         if outcome.ok:

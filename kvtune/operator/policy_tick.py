@@ -18,6 +18,7 @@ from kvtune.operator.actuators import (
     Actuator,
     ActuatorResult,
     ComposedActuator,
+    FanOutActuator,
     KvtuneAdminActuator,
 )
 from kvtune.operator.crd import (
@@ -52,11 +53,20 @@ from kvtune.operator.own_metrics import (
     OperatorMetrics,
     evaluation_of,
 )
+from kvtune.operator.pods import Pod, PooledSource
 from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.sample import Sample
+from kvtune.operator.pooling import PoolState, worst_pod_line
+from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.secret_cache import SecretCache
 from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, PrometheusSource
 from kvtune.operator.tuner import Figures, HistoryEntry, TunerState
+from kvtune.operator.workload import (
+    is_workload,
+    pod_statuses,
+    pods_admin_actuator,
+    workload_pods,
+    workload_source,
+)
 
 logger = logging.getLogger("kvtune.operator")
 
@@ -104,6 +114,8 @@ class PolicyMemory:
     actuator_error: str | None = None
     proxy_problem: str | None = None  # why the proxy's /metrics could not be read at the last evaluation
     secrets: SecretCache = field(default_factory=SecretCache)
+    pool: PoolState = field(default_factory=PoolState)  # many pods: each pod's last figures, pooled totals
+    pod_findings: tuple[str, ...] = ()  # pods' disagreements and unreadable pods at the last evaluation
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -121,6 +133,7 @@ class PolicyMemory:
 
 def source_for(spec: KVTuningPolicySpec) -> MetricSource:
     metrics = spec.metrics
+    assert metrics is not None  # the model requires metrics unless the target's pods are read
     if metrics.prometheus is not None:
         return PrometheusSource(metrics.prometheus.url, metrics.prometheus.selector)
     assert metrics.metrics_url is not None  # the model guarantees exactly one
@@ -143,11 +156,23 @@ def admin_actuator(
     return KvtuneAdminActuator(url, token, knobs=knobs, name=name)
 
 
-def actuator_for(api: KubeApi, spec: KVTuningPolicySpec, namespace: str, secrets: SecretCache) -> Actuator:
-    """A kvtune engine: its admin API. vLLM / SGLang: the Deployment's args for max_num_seqs, and with a
+def actuator_for(
+    api: KubeApi, spec: KVTuningPolicySpec, namespace: str, secrets: SecretCache,
+    pods: list[Pod] | NoData | None = None,
+) -> Actuator:  # fmt: skip
+    """A kvtune engine: its admin API, or every pod's (`pods`, with target.podEndpoints). vLLM / SGLang: the
+    Deployment's args for max_num_seqs (one patch, one rolling restart, however many pods), and with a
     kvtune proxy in front, the proxy's admin API for the max_tokens cap (live, so the cap never restarts
     the engine)."""
     target = spec.target
+    if target.engine == "kvtune" and target.pod_endpoints is not None:
+        assert target.admin_token_secret_ref is not None and pods is not None
+        ref = target.admin_token_secret_ref
+        try:
+            token = secrets.value(api, namespace, ref.name, ref.key)
+        except KubeError as err:
+            return UnavailableActuator(f"admin API token secret {namespace}/{ref.name}: {err}")
+        return pods_admin_actuator(pods, target.pod_endpoints, token)
     if target.engine == "kvtune":
         assert target.admin_url is not None and target.admin_token_secret_ref is not None
         return admin_actuator(api, namespace, secrets, target.admin_url, target.admin_token_secret_ref,
@@ -319,6 +344,42 @@ def follow_tick(
     return current, conditions
 
 
+def held_by_pod(actuator: Actuator) -> dict[str, dict[str, int | None]]:
+    """What each pod's admin API last said it holds (empty when the knobs are not set pod by pod)."""
+    return actuator.held if isinstance(actuator, FanOutActuator) else {}
+
+
+def follow_pods(
+    memory: PolicyMemory, source: PooledSource, actuator: Actuator, tick: Tick
+) -> tuple[list[EventSpec], str | None]:
+    """Carry one evaluation of many pods into `memory` (the pool state) and say what changed among the pods
+    (restarts, disagreements, unreadable pods: an Event each time the findings change), and name the worst
+    pod of the window."""
+    memory.pool = source.state
+    events: list[EventSpec] = []
+    pooled = source.last
+    if pooled is not None and pooled.restarted and tick.no_data is None:
+        events.append(EventSpec("Warning", "PodRestarted", f"pods restarted: {', '.join(pooled.restarted)}; "
+                                "their counters count from zero, the pooled totals do not fall"))  # fmt: skip
+    findings = (*(pooled.findings if pooled else ()),
+                *(f"pod {name} unreadable: {why}" for name, why in sorted(source.unread.items())))  # fmt: skip
+    if findings and findings != memory.pod_findings:
+        events.append(EventSpec("Warning", "PodsDisagree", "; ".join(findings)))
+    memory.pod_findings = findings
+    _, worst = pod_statuses(memory.pool, tick.evidence_since, held_by_pod(actuator))
+    return events, (worst_pod_line(worst) if worst is not None and tick.no_data is None else None)
+
+
+def name_worst_pod(state: TunerState, previous: TunerState, worst: str) -> TunerState:
+    """The history entries this evaluation added, with the worst pod in their evidence."""
+    seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
+    history = tuple(
+        h if (h.at, h.kind, h.remedy, h.knob) in seen else replace(h, evidence=f"{h.evidence}; {worst}")
+        for h in state.history
+    )
+    return replace(state, history=history)
+
+
 def evaluate(
     api: KubeApi,
     policy_ref: PolicyRef,
@@ -332,15 +393,24 @@ def evaluate(
     keep = window_length(policy, float(spec.interval_seconds))
     if memory.samples.maxlen != keep:
         memory.samples = deque(memory.samples, maxlen=keep)
-    actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets)
+    pods = workload_pods(api, policy_ref.namespace, spec)
+    actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets, pods)
     events: list[EventSpec] = []
     actuator_error = unavailable(actuator)
     if actuator_error and actuator_error != memory.actuator_error:
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
     previous = memory.state
-    source = source_for(spec)
+    workload = is_workload(spec)
+    horizon = keep * float(spec.interval_seconds)
+    source = workload_source(spec, pods, memory.pool, horizon) if workload else source_for(spec)
     tick = step(source, actuator, policy, previous, memory.samples, now)
+    pod_events, worst = (
+        follow_pods(memory, source, actuator, tick) if isinstance(source, PooledSource) else ([], None)
+    )
+    if worst is not None:
+        tick = replace(tick, state=name_worst_pod(tick.state, previous, worst))
+    events += pod_events
     proxy_problem = source.proxy_problem if isinstance(source, EngineWithProxy) else None
     if proxy_problem and not memory.proxy_problem:
         events.append(EventSpec("Warning", "ProxyMetricsMissing",
@@ -372,6 +442,11 @@ def evaluate(
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
                                recommended_knobs(memory.recommended), errors)  # fmt: skip
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
+    pods_status, worst_pod = (
+        pod_statuses(memory.pool, tick.evidence_since, held_by_pod(actuator)) if workload else ([], None)
+    )
+    if worst is not None:
+        note = f"{note}; {worst}"
     status = KVTuningPolicyStatus(
         observed_generation=generation,
         last_evaluation_time=datetime.fromtimestamp(now, UTC),
@@ -382,6 +457,8 @@ def evaluate(
         desired=DesiredValues.of(tick.state.desired),
         history=history,
         tuner_state=tuner,
+        pods=pods_status,
+        worst_pod=worst_pod.name if worst_pod else None,
     )
     return Outcome(tick, status, tuple(events), evaluation)
 

@@ -129,9 +129,13 @@ def range_step(seconds: float) -> float:
     return float(max(1, math.ceil(seconds / MAX_RANGE_POINTS)))
 
 
+POD_LABEL = "pod"  # the label Prometheus' Kubernetes service discovery gives each pod's series
+
+
 class PrometheusSource:
     """Queries against a Prometheus HTTP API for every engine series matching the label selector: one
-    instant (`read`), or a range turned into one sample per step (`read_range`)."""
+    instant (`read`, every matching series summed or merged as one engine), one instant per pod
+    (`read_pods`, by the `pod` label), or a range turned into one sample per step (`read_range`)."""
 
     def __init__(self, url: str, selector: str, timeout: float = 10.0, clock: Clock = time.time) -> None:
         self.url = url.rstrip("/")
@@ -196,9 +200,9 @@ class PrometheusSource:
             return failures[-1]
         return NoData(self.where, f"no series match the selector in the last {seconds:g} s", now)
 
-    def read(self) -> SampleResult:
+    def instant(self) -> tuple[list[Series], float] | NoData:
+        """Every matching series now, and the newest timestamp among them; NoData when none match."""
         now = self.clock()
-        where = self.where
         data = self._get("/api/v1/query", {"query": self.query()}, now)
         if isinstance(data, NoData):
             return data
@@ -212,8 +216,31 @@ class PrometheusSource:
                 timestamp = float(stamp) if timestamp is None else max(timestamp, float(stamp))
                 series.append((name, labels, float(value)))
         except (KeyError, TypeError, ValueError) as err:
-            return NoData(where, f"unexpected answer: {err}", now)
+            return NoData(self.where, f"unexpected answer: {err}", now)
         if not series:
-            return NoData(where, "no series match the selector", now)
-        stamp = timestamp if timestamp is not None and math.isfinite(timestamp) else now
-        return sample_from_series(series, stamp, where)
+            return NoData(self.where, "no series match the selector", now)
+        return series, timestamp if timestamp is not None and math.isfinite(timestamp) else now
+
+    def read(self) -> SampleResult:
+        found = self.instant()
+        if isinstance(found, NoData):
+            return found
+        series, stamp = found
+        return sample_from_series(series, stamp, self.where)
+
+    def read_pods(self) -> dict[str, SampleResult] | NoData:
+        """One sample per value of the `pod` label (each pod its own series set, as `... by (pod)` keeps
+        them apart); series without the label are left out, and none carrying it is NoData."""
+        found = self.instant()
+        if isinstance(found, NoData):
+            return found
+        series, stamp = found
+        by_pod: dict[str, list[Series]] = {}
+        for name, labels, value in series:
+            if labels.get(POD_LABEL):
+                by_pod.setdefault(labels[POD_LABEL], []).append((name, labels, value))
+        if not by_pod:
+            return NoData(self.where, f"byPod: no matching series carries a {POD_LABEL!r} label", stamp)
+        return {
+            pod: sample_from_series(found, stamp, f"{self.where} pod={pod}") for pod, found in by_pod.items()
+        }

@@ -156,7 +156,7 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
         for _, node in walk(openapi_schema())
         for rule in node.get("x-kubernetes-validations", [])
     ]
-    assert len(rules) == 6
+    assert len(rules) == 11  # issue 15: podEndpoints (metricsPath, adminUrl, metrics and byPod rules)
     assert "has(self.proxyAdminUrl) == has(self.proxyAdminTokenSecretRef)" in rules
 
 
