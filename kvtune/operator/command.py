@@ -65,6 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all-namespaces", "-A", action="store_true", help="in cluster: watch every namespace"
     )
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        help="in cluster: serve kopf's health check on http://0.0.0.0:PORT/healthz (the pod's probes)",
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="in cluster: coordinate replicas through the kopf peering object NAME (one acts, the others "
+        "stand by); without it the operator runs standalone",
+    )
 
 
 def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
@@ -100,17 +111,24 @@ def serve_own_metrics(port: int) -> OperatorMetrics:
 
 
 def run_in_cluster(args: argparse.Namespace) -> int:
-    """kopf's operator loop with our handlers, standalone (one replica; no peering resource needed)."""
+    """kopf's operator loop with our handlers: standalone, or with --peering NAME beside other replicas
+    (see `peering` for which object must exist and how the active replica is chosen)."""
     if bool(args.namespace) == bool(args.all_namespaces):
         raise KvtuneError("the in-cluster operator needs --namespace NS (repeatable) or --all-namespaces")
+    if args.liveness_port is not None and not 1 <= args.liveness_port <= 65535:
+        raise KvtuneError(f"--liveness-port {args.liveness_port}: must be 1-65535")
+    if args.peering is not None and not args.peering.strip():
+        raise KvtuneError("--peering needs a name (the KopfPeering / ClusterKopfPeering object)")
     import kopf
 
     import kvtune.operator.handlers  # noqa: F401  (registers the handlers)
+    from kvtune.operator.peering import kopf_peering_arguments
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     metrics = serve_own_metrics(args.metrics_port)
-    kopf.run(standalone=True, clusterwide=args.all_namespaces, namespaces=args.namespace,
-             memo=kopf.Memo(operator_metrics=metrics))  # fmt: skip
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace, liveness_endpoint=liveness,
+             memo=kopf.Memo(operator_metrics=metrics), **kopf_peering_arguments(args.peering))  # fmt: skip
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from kvtune.operator.admission_flag import AdmissionFlagChoice
 from kvtune.operator.ladder import Remedy
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.tuner import HISTORY_LIMIT, Figures, HistoryEntry, Pending, TunerState
@@ -109,7 +110,10 @@ class TargetRef(CamelModel):
         )
     )
 
-    kind: Literal["Deployment"] = "Deployment"
+    kind: Literal["Deployment", "StatefulSet"] = Field(
+        "Deployment",
+        description="the workload (apps/v1); one patch of its pod template restarts every replica",
+    )
     name: Name
     container: str | None = Field(None, description="container name (default: the first container)")
     engine: EngineType
@@ -128,6 +132,12 @@ class TargetRef(CamelModel):
     )
     pod_endpoints: PodEndpoints | None = Field(
         None, description="many replicas: read and act on every pod, found through a Service's EndpointSlices"
+    )
+    admission_flag: AdmissionFlagChoice = Field(
+        "Auto",
+        description="vllm: the flag lowered to bound admission. Auto: --max-num-active-seqs when the container "
+        "already sets it or the vLLM version (its /version, else the image tag) is 0.32 or later, else "
+        "--max-num-seqs",
     )
 
     @model_validator(mode="after")
@@ -419,6 +429,7 @@ class KVTuningPolicyStatus(CamelModel):
         default_factory=list, max_length=POD_STATUS_LIMIT, description="per pod, the worst first"
     )
     worst_pod: str | None = Field(None, description="most preemptions in the window, then highest KV usage")
+    admission_flag: str | None = Field(None, description="vllm: the flag the operator patches, and why")
 
 
 class KVTuningPolicy(CamelModel):

@@ -59,7 +59,7 @@ def post_event(api: KubeApi, policy: PolicyRef, event: EventSpec, now: float) ->
         "count": 1,
     }
     try:
-        api.create(f"/api/v1/namespaces/{policy.namespace}/events", body)
+        api.create_event(policy.namespace, body)
     except KubeError as err:
         return str(err)
     return None

@@ -1,8 +1,10 @@
-"""Change max_num_seqs of a vLLM or SGLang engine by patching its Deployment's container args: a rolling
-restart, because neither engine can change it at run time.
+"""Change max_num_seqs of a vLLM or SGLang engine by patching its workload's (a Deployment's or a
+StatefulSet's) pod template: one patch, one rolling restart of every replica, because neither engine can
+change it at run time. For vLLM the flag is the admission one `admission_flag` chooses
+(`--max-num-active-seqs` where the version has it, else `--max-num-seqs`).
 
 The patch is a JSON merge patch carrying the resourceVersion that was read, so the API server refuses it
-(409 Conflict) when someone else changed the Deployment meanwhile; then it is read again and re-applied, a
+(409 Conflict) when someone else changed the workload meanwhile; then it is read again and re-applied, a
 bounded number of times. Like every Actuator, failures are returned, never raised.
 """
 
@@ -11,13 +13,23 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
-from kvtune.operator.kube_api import KubeApi, KubeError, deployment_path
+import httpx
 
-# the engine flag that bounds concurrently running requests
-FLAGS = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}
+from kvtune.operator.actuators import ActuatorResult
+from kvtune.operator.admission_flag import (
+    MAX_NUM_SEQS,
+    AdmissionFlagChoice,
+    FlagChoice,
+    admission_value,
+    choose_flag,
+)
+from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
+from kvtune.operator.kube_api import KubeApi, KubeError, WorkloadKind
+
+# the engine flag that bounds concurrently running requests (vLLM's is chosen per workload)
+FLAGS = {"vllm": MAX_NUM_SEQS, "sglang": "--max-running-requests"}
 CONFLICT_RETRIES = 5
+VERSION_TIMEOUT_S = 3.0
 
 
 def _spellings(flag: str) -> tuple[str, str]:
@@ -56,74 +68,108 @@ def set_flag(args: list[str], flag: str, value: int) -> list[str]:
     return [*out, flag, str(value)]
 
 
-class DeploymentArgsActuator:
-    """max_num_seqs through one container's args in a Deployment."""
+class WorkloadArgsActuator:
+    """max_num_seqs through one container's args in a Deployment or StatefulSet."""
 
     knobs = frozenset({KNOB_MAX_NUM_SEQS})
 
     def __init__(
-        self, api: KubeApi, namespace: str, deployment: str, container: str | None, engine: str
-    ) -> None:
+        self, api: KubeApi, kind: WorkloadKind, namespace: str, name: str, container: str | None,
+        engine: str, admission: AdmissionFlagChoice = "Auto", version_url: str | None = None,
+    ) -> None:  # fmt: skip
         if engine not in FLAGS:
-            raise ValueError(f"no Deployment-args actuator for engine {engine!r}")
+            raise ValueError(f"no workload-args actuator for engine {engine!r}")
         self.api = api
-        self.path = deployment_path(namespace, deployment)
-        self.where = f"deployment {namespace}/{deployment}"
+        self.kind: WorkloadKind = kind
+        self.namespace, self.name = namespace, name
+        self.where = f"{kind.lower()} {namespace}/{name}"
         self.container = container
-        self.flag = FLAGS[engine]
+        self.engine = engine
+        self.admission: AdmissionFlagChoice = admission
+        self.version_url = version_url
+        self._reported_version: str | None = None
+        self.flag_choice: FlagChoice | None = None  # the flag of the last read: Events and status name it
 
-    def _container(self, deployment: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
+    def reported_version(self) -> str | None:
+        """vLLM's own `GET /version`, read once it answers (None while it cannot be read)."""
+        if self._reported_version is None and self.version_url is not None:
+            try:
+                answer = httpx.get(self.version_url.rstrip("/") + "/version", timeout=VERSION_TIMEOUT_S)
+                version = answer.json().get("version") if answer.status_code == 200 else None
+                self._reported_version = str(version) if version else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return None
+        return self._reported_version
+
+    def _container(self, workload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        containers = workload.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
         for index, container in enumerate(containers):
             if self.container is None or container.get("name") == self.container:
                 return index, container
         raise KubeError(404, "ContainerNotFound", f"{self.where} has no container {self.container!r}")
 
-    def _value(self, container: dict[str, Any]) -> int | None:
-        args = [str(a) for a in container.get("args") or []]
-        found = read_flag(args, self.flag)
+    def _flag(self, container: dict[str, Any]) -> FlagChoice:
+        if self.engine != "vllm":
+            return FlagChoice(FLAGS[self.engine], f"{self.engine}'s admission flag")
+        words = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+        choice = choose_flag(self.admission, words, self.reported_version(), container.get("image"))
+        self.flag_choice = choice
+        return choice
+
+    @staticmethod
+    def _read(container: dict[str, Any], flag: str) -> int | None:
+        found = read_flag([str(a) for a in container.get("args") or []], flag)
         return (
-            found
-            if found is not None
-            else read_flag([str(a) for a in container.get("command") or []], self.flag)
+            found if found is not None else read_flag([str(a) for a in container.get("command") or []], flag)
         )
+
+    def _value(self, container: dict[str, Any], flag: str) -> int | None:
+        """The admission limit in force: the chosen flag, else --max-num-seqs (vLLM's default for it)."""
+        found = self._read(container, flag)
+        return found if found is not None or flag == MAX_NUM_SEQS else self._read(container, MAX_NUM_SEQS)
+
+    def read(self) -> dict[str, Any]:
+        return self.api.read_workload(self.kind, self.namespace, self.name)
 
     def current(self) -> ActuatorResult:
         try:
-            _, container = self._container(self.api.get(self.path))
+            _, container = self._container(self.read())
         except KubeError as err:
             return ActuatorResult(False, {}, f"{self.where}: {err}")
-        return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(container)})
+        return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(container, self._flag(container).flag)})
 
     def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
         if knob != KNOB_MAX_NUM_SEQS:
-            return ActuatorResult(False, {}, f"a Deployment patch here changes only max_num_seqs, not {knob}")
+            return ActuatorResult(
+                False, {}, f"a {self.kind} patch here changes only max_num_seqs, not {knob}"
+            )
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return ActuatorResult(False, {}, f"max_num_seqs must be a positive integer, got {value!r}")
         for _ in range(CONFLICT_RETRIES):
             try:
-                deployment = self.api.get(self.path)
-                index, container = self._container(deployment)
-                if self._value(container) == value:
-                    return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: value})
-                containers = copy.deepcopy(deployment["spec"]["template"]["spec"]["containers"])
-                in_command = (
-                    read_flag([str(a) for a in container.get("command") or []], self.flag) is not None
-                )
+                workload = self.read()
+                index, container = self._container(workload)
+                flag = self._flag(container).flag
+                wanted = admission_value(flag, value, self._read(container, MAX_NUM_SEQS))
+                if self._read(container, flag) == wanted:
+                    return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: wanted})
+                containers = copy.deepcopy(workload["spec"]["template"]["spec"]["containers"])
+                in_command = read_flag([str(a) for a in container.get("command") or []], flag) is not None
                 field = "command" if in_command else "args"
                 containers[index][field] = set_flag(
-                    [str(a) for a in container.get(field) or []], self.flag, value
+                    [str(a) for a in container.get(field) or []], flag, wanted
                 )
                 patch = {
-                    "metadata": {"resourceVersion": deployment.get("metadata", {}).get("resourceVersion")},
+                    "metadata": {"resourceVersion": workload.get("metadata", {}).get("resourceVersion")},
                     "spec": {"template": {"spec": {"containers": containers}}},
                 }
                 if patch["metadata"]["resourceVersion"] is None:
                     del patch["metadata"]
-                _, patched = self._container(self.api.merge_patch(self.path, patch))
+                patched = self.api.patch_workload(self.kind, self.namespace, self.name, patch)
+                _, after = self._container(patched)
             except KubeError as err:
                 if err.status == 409:
                     continue
                 return ActuatorResult(False, {}, f"{self.where}: {err}")
-            return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(patched)})
+            return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(after, flag)})
         return ActuatorResult(False, {}, f"{self.where}: still conflicting after {CONFLICT_RETRIES} attempts")

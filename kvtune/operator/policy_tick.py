@@ -23,9 +23,6 @@ from kvtune.operator.actuators import (
 )
 from kvtune.operator.crd import (
     CONDITION_TYPES,
-    GROUP,
-    PLURAL,
-    VERSION,
     Condition,
     ConditionStatus,
     ConditionType,
@@ -40,7 +37,7 @@ from kvtune.operator.crd import (
 from kvtune.operator.diagnosis import Diagnosis
 from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.events import EventSpec, PolicyRef, post_event
-from kvtune.operator.k8s_actuator import DeploymentArgsActuator
+from kvtune.operator.k8s_actuator import WorkloadArgsActuator
 from kvtune.operator.kube_api import KubeApi, KubeError
 from kvtune.operator.ladder import Remedy, flag_prefix_defeat, recommend_fp8_kv
 from kvtune.operator.local import Tick, step, window_length
@@ -53,7 +50,7 @@ from kvtune.operator.own_metrics import (
     OperatorMetrics,
     evaluation_of,
 )
-from kvtune.operator.pods import Pod, PooledSource
+from kvtune.operator.pods import Pod, PooledSource, pod_url
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.pooling import PoolState, worst_pod_line
 from kvtune.operator.sample import NoData, Sample
@@ -156,6 +153,17 @@ def admin_actuator(
     return KvtuneAdminActuator(url, token, knobs=knobs, name=name)
 
 
+def engine_base_url(spec: KVTuningPolicySpec, pods: list[Pod] | NoData | None) -> str | None:
+    """Where the engine's own HTTP API (its `/version`) answers: beside its metricsUrl, or on the first
+    ready pod of target.podEndpoints; None when only Prometheus knows the engine."""
+    if spec.metrics is not None and spec.metrics.metrics_url is not None:
+        return spec.metrics.metrics_url.rstrip("/").removesuffix("/metrics")
+    endpoints = spec.target.pod_endpoints
+    if endpoints is not None and isinstance(pods, list) and pods:
+        return pod_url(endpoints.scheme, pods[0], endpoints.metrics_port)
+    return None
+
+
 def actuator_for(
     api: KubeApi, spec: KVTuningPolicySpec, namespace: str, secrets: SecretCache,
     pods: list[Pod] | NoData | None = None,
@@ -177,7 +185,9 @@ def actuator_for(
         assert target.admin_url is not None and target.admin_token_secret_ref is not None
         return admin_actuator(api, namespace, secrets, target.admin_url, target.admin_token_secret_ref,
                               ENGINE_KNOBS, "admin API")  # fmt: skip
-    deployment = DeploymentArgsActuator(api, namespace, target.name, target.container, target.engine)
+    version_url = engine_base_url(spec, pods)
+    deployment = WorkloadArgsActuator(api, target.kind, namespace, target.name, target.container, target.engine,
+                                      target.admission_flag, version_url)  # fmt: skip
     if target.proxy_admin_url is None:
         return deployment
     assert target.proxy_admin_token_secret_ref is not None  # the model sets both or neither
@@ -193,6 +203,15 @@ def unavailable(actuator: Actuator) -> str | None:
     return "; ".join(errors) or None
 
 
+def admission_flag_of(actuator: Actuator) -> str | None:
+    """The vLLM flag the workload actuator reads and patches, and why (for Events and status)."""
+    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
+    for part in parts:
+        if isinstance(part, WorkloadArgsActuator) and part.flag_choice is not None:
+            return f"{part.flag_choice.flag} ({part.flag_choice.why})"
+    return None
+
+
 def _figures(figures: Figures | None) -> str:
     if figures is None:
         return "n/a"
@@ -202,9 +221,11 @@ def _figures(figures: Figures | None) -> str:
     return f"preemptions {rate}, KV usage max {kv}, goodput {goodput}"
 
 
-def history_event(entry: HistoryEntry) -> EventSpec:
+def history_event(entry: HistoryEntry, flag: str | None = None) -> EventSpec:
     kind, reason = EVENT_REASONS.get(entry.kind, ("Normal", "Tuning"))
     what = f"{entry.knob}: {entry.before} -> {entry.after}" if entry.knob else f"{entry.after}"
+    if flag and entry.knob == KNOB_MAX_NUM_SEQS:
+        what += f" through {flag}"
     message = (
         f"{entry.remedy.value} {entry.kind}: {what}; why: {entry.reason}; evidence: {entry.evidence}; "
         f"before: {_figures(entry.before_figures)}"
@@ -417,7 +438,10 @@ def evaluate(
                                 f"the proxy's /metrics (defeat and cap series) cannot be read: {proxy_problem}"))  # fmt: skip
     memory.proxy_problem = proxy_problem
     seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
-    events += [history_event(h) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen]
+    flag = admission_flag_of(actuator)
+    events += [
+        history_event(h, flag) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen
+    ]
     for change, result in tick.applied:
         if not result.ok:
             events.append(EventSpec("Warning", "ApplyFailed",
@@ -459,12 +483,9 @@ def evaluate(
         tuner_state=tuner,
         pods=pods_status,
         worst_pod=worst_pod.name if worst_pod else None,
+        admission_flag=flag,
     )
     return Outcome(tick, status, tuple(events), evaluation)
-
-
-def policy_path(policy_ref: PolicyRef) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{policy_ref.namespace}/{PLURAL}/{policy_ref.name}"
 
 
 def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> tuple[str, ...]:
@@ -473,7 +494,7 @@ def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> 
     failed: list[str] = []
     body = patch_body({"status": outcome.status.model_dump(mode="json", by_alias=True)})
     try:
-        api.merge_patch(policy_path(policy_ref) + "/status", body)
+        api.patch_policy_status(policy_ref.namespace, policy_ref.name, body)
     except KubeError as err:
         logger.error("could not write the status of %s/%s: %s", policy_ref.namespace, policy_ref.name, err)
         failed.append(ERROR_STATUS_WRITE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 
-from kvtune.operator.kube_api import KubeApi, KubeError, secret_path
+from kvtune.operator.kube_api import KubeApi, KubeError
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,10 @@ class SecretCache:
 
     def value(self, api: KubeApi, namespace: str, name: str, key: str) -> str:
         """One key of a Secret, decoded; raises KubeError when the Secret or the key is missing."""
-        path = secret_path(namespace, name)
-        version = api.get_metadata(path).get("metadata", {}).get("resourceVersion")
+        version = api.read_secret_metadata(namespace, name).get("metadata", {}).get("resourceVersion")
         read = self._reads.get((namespace, name))
         if read is None or version is None or read.resource_version != version:
-            secret = api.get(path)
+            secret = api.read_secret(namespace, name)
             read = _Read(secret.get("metadata", {}).get("resourceVersion"), dict(secret.get("data") or {}))
             self._reads[(namespace, name)] = read
         encoded = read.data.get(key)

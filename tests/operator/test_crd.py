@@ -99,7 +99,8 @@ def test_sample_validates_against_the_schema_and_the_models() -> None:
     [
         (("spec", "mode"), "Bogus"),
         (("spec", "target", "engine"), "tgi"),
-        (("spec", "target", "kind"), "StatefulSet"),
+        (("spec", "target", "kind"), "DaemonSet"),
+        (("spec", "target", "admissionFlag"), "MaxNumBatchedTokens"),
         (("spec", "bounds", "minMaxNumSeqs"), 0),
         (("spec", "intervalSeconds"), 0),
         (("spec", "maxStep"), "ten"),

@@ -217,13 +217,13 @@ async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
     kube: OptimisticEmulator, metrics_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     logins: list[object] = []
-    client = kube_api._client
+    load = kube_api.environment_configuration
 
-    def counted(*args: Any) -> Any:
-        logins.append(args)
-        return client(*args)
+    def counted() -> Any:
+        logins.append(True)
+        return load()
 
-    monkeypatch.setattr(kube_api, "_client", counted)
+    monkeypatch.setattr(kube_api, "environment_configuration", counted)
     add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
     add_policy(kube, policy_spec(metrics_url, "Apply"))
     kube.writers_before_next_patch = 1  # someone else writes the Deployment between our read and our patch
