@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from kvtune.operator.crd import CONDITION_TYPES
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
@@ -220,7 +221,15 @@ class OperatorMetrics:
         else:
             cls._remove(gauge, labels)
 
+    def collect(self) -> list[Metric]:
+        """Every series at one instant: taken under the lock `record` holds, so a scrape never sees half
+        an evaluation (an action counted before that tick's conditions are set)."""
+        with self._lock:
+            return list(self.registry.collect())
+
     def serve(self, port: int, address: str = "0.0.0.0") -> WSGIServer:
         """Serve /metrics on `port` in a daemon thread; returns the server (shutdown() stops it)."""
-        server, _ = start_http_server(port, address, registry=self.registry)
+        consistent = CollectorRegistry(auto_describe=False)
+        consistent.register(self)
+        server, _ = start_http_server(port, address, registry=consistent)
         return server
