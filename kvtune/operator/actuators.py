@@ -96,6 +96,7 @@ class ComposedActuator:
 
     def current(self) -> ActuatorResult:
         values: KnobValues = {}
+        split: set[str] = set()
         errors: list[str] = []
         answered = False
         for part in self.parts:
@@ -103,9 +104,10 @@ class ComposedActuator:
             if result.ok:
                 answered = True
                 values.update({knob: v for knob, v in result.values.items() if self.owner(knob) is part})
+                split |= {knob for knob in result.split if self.owner(knob) is part}  # pods that disagree
             else:
                 errors.append(result.error or "unavailable")
-        return ActuatorResult(answered, values, "; ".join(errors) or None)
+        return ActuatorResult(answered, values, "; ".join(errors) or None, frozenset(split))
 
     def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
         part = self.owner(knob)

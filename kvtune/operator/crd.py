@@ -70,7 +70,11 @@ class PodEndpoints(CamelModel):
     pod's /metrics is read and pooled, and a kvtune engine's knobs are set on each pod's admin API."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel("self.metricsPath.startsWith('/')", "metricsPath is a path: it starts with /")
+        json_schema_extra=cel(
+            "self.metricsPath.startsWith('/')",
+            "metricsPath is a path: it starts with /",
+            ("!has(self.proxyAdminPort) || has(self.proxyPort)", "proxyAdminPort goes with proxyPort"),
+        )
     )
 
     service: Name = Field(description="the Service whose EndpointSlices list the pods")
@@ -80,12 +84,42 @@ class PodEndpoints(CamelModel):
     )
     scheme: Literal["http", "https"] = "http"
     metrics_path: str = Field("/metrics", min_length=1)
+    proxy_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="vllm / sglang with a kvtune proxy sidecar in each pod: the proxy's port (its /metrics is "
+        "merged with the pod's engine metrics; the max_tokens cap goes to its admin API on every pod)",
+    )
+    proxy_admin_port: int | None = Field(
+        None, ge=1, le=65535, description="the proxy's --admin-port, when it has one (default proxyPort)"
+    )
 
     @model_validator(mode="after")
     def _path(self) -> PodEndpoints:
         if not self.metrics_path.startswith("/"):
             raise ValueError("metricsPath is a path: it starts with /")
+        if self.proxy_admin_port is not None and self.proxy_port is None:
+            raise ValueError("proxyAdminPort goes with proxyPort")
         return self
+
+    def proxy_admin(self) -> int | None:
+        """The port of each pod's proxy admin API (None without a proxy sidecar)."""
+        return self.proxy_admin_port or self.proxy_port
+
+
+PROXY_URL_NEEDS_TOKEN = (
+    "proxyAdminUrl needs proxyAdminTokenSecretRef (the proxy's admin API takes a bearer token)"
+)
+PROXY_TOKEN_NEEDS_PROXY = "proxyAdminTokenSecretRef goes with proxyAdminUrl or podEndpoints.proxyPort"
+PROXY_PORT_NEEDS = (
+    "podEndpoints.proxyPort is for a vllm or sglang target with a kvtune proxy sidecar: it needs "
+    "proxyAdminTokenSecretRef (each pod's proxy admin API takes that bearer token)"
+)
+PROXY_URL_OR_PORT = (
+    "proxyAdminUrl reaches one proxy: with podEndpoints.proxyPort the operator reaches every pod's proxy; "
+    "set one of them"
+)
 
 
 class TargetRef(CamelModel):
@@ -99,13 +133,24 @@ class TargetRef(CamelModel):
                 "!has(self.adminUrl) || !has(self.podEndpoints)",
                 "adminUrl reaches one pod: with podEndpoints the operator reaches every pod at its adminPort",
             ),
+            ("!has(self.proxyAdminUrl) || has(self.proxyAdminTokenSecretRef)", PROXY_URL_NEEDS_TOKEN),
             (
-                "has(self.proxyAdminUrl) == has(self.proxyAdminTokenSecretRef)",
-                "set proxyAdminUrl and proxyAdminTokenSecretRef together",
+                "!has(self.proxyAdminTokenSecretRef) || has(self.proxyAdminUrl) || "
+                "(has(self.podEndpoints) && has(self.podEndpoints.proxyPort))",
+                PROXY_TOKEN_NEEDS_PROXY,
             ),
             (
                 "!has(self.proxyAdminUrl) || self.engine != 'kvtune'",
                 "a kvtune engine caps max_tokens itself: proxyAdminUrl is for vllm and sglang targets",
+            ),
+            (
+                "!has(self.podEndpoints) || !has(self.podEndpoints.proxyPort) || "
+                "(self.engine != 'kvtune' && has(self.proxyAdminTokenSecretRef))",
+                PROXY_PORT_NEEDS,
+            ),
+            (
+                "!has(self.proxyAdminUrl) || !has(self.podEndpoints) || !has(self.podEndpoints.proxyPort)",
+                PROXY_URL_OR_PORT,
             ),
         )
     )
@@ -128,7 +173,8 @@ class TargetRef(CamelModel):
         "cap is set there, live, no restart)",
     )
     proxy_admin_token_secret_ref: SecretKeyRef | None = Field(
-        None, description="the kvtune proxy's admin bearer token"
+        None,
+        description="the kvtune proxy's admin bearer token (every pod's proxy, with podEndpoints.proxyPort)",
     )
     pod_endpoints: PodEndpoints | None = Field(
         None, description="many replicas: read and act on every pod, found through a Service's EndpointSlices"
@@ -149,12 +195,23 @@ class TargetRef(CamelModel):
             raise ValueError(
                 "adminUrl reaches one pod: with podEndpoints the operator reaches every pod at its adminPort"
             )
-        if (self.proxy_admin_url is None) != (self.proxy_admin_token_secret_ref is None):
-            raise ValueError("set proxyAdminUrl and proxyAdminTokenSecretRef together")
+        proxy_port = self.pod_endpoints.proxy_port if self.pod_endpoints is not None else None
+        if self.proxy_admin_url is not None and self.proxy_admin_token_secret_ref is None:
+            raise ValueError(PROXY_URL_NEEDS_TOKEN)
+        if (
+            self.proxy_admin_token_secret_ref is not None
+            and self.proxy_admin_url is None
+            and proxy_port is None
+        ):
+            raise ValueError(PROXY_TOKEN_NEEDS_PROXY)
         if self.proxy_admin_url is not None and self.engine == "kvtune":
             raise ValueError(
                 "a kvtune engine caps max_tokens itself: proxyAdminUrl is for vllm and sglang targets"
             )
+        if proxy_port is not None and (self.engine == "kvtune" or self.proxy_admin_token_secret_ref is None):
+            raise ValueError(PROXY_PORT_NEEDS)
+        if proxy_port is not None and self.proxy_admin_url is not None:
+            raise ValueError(PROXY_URL_OR_PORT)
         return self
 
 

@@ -1,5 +1,6 @@
 """A workload's pods and their metrics: which pods are ready (the target Service's EndpointSlices), each
-pod's own /metrics (or its series in Prometheus, by the `pod` label), and the pooled sample of them all that
+pod's own /metrics, with its kvtune proxy sidecar's beside it (or its series in Prometheus, by the `pod`
+label), and the pooled sample of them all that
 the diagnosis reads (`PooledSource`, through `pooling.pool`).
 
 Like every source, nothing raises out of `read()`: a pod that cannot be read is named, and only a workload
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 from kvtune.operator.kube_api import KubeApi, KubeError
 from kvtune.operator.pooling import Pooled, PoolState, pool
 from kvtune.operator.sample import NoData, Sample, SampleResult
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource
 
 SERVICE_LABEL = "kubernetes.io/service-name"
 MAX_PARALLEL_READS = 16
@@ -75,13 +76,41 @@ class PodSource(Protocol):
     def read_pods(self) -> PodReadings | NoData: ...
 
 
-class PodEndpointsSource:
-    """Each pod's own /metrics, scraped in parallel (a slow pod costs one timeout, not one per pod)."""
+def pod_metrics(
+    pod: Pod, scheme: str, port: int, path: str, proxy_port: int | None, clock: Clock
+) -> MetricSource:
+    """One pod's engine /metrics, merged with its kvtune proxy sidecar's /metrics when it has one (the
+    proxy's capped-request and prefix-defeat counters then pool like the engine's own)."""
+    engine = MetricsEndpoint(pod_url(scheme, pod, port, path), clock=clock)
+    if proxy_port is None:
+        return engine
+    return EngineWithProxy(engine, MetricsEndpoint(pod_url(scheme, pod, proxy_port, "/metrics"), clock=clock))
 
-    def __init__(self, pods: list[Pod], scheme: str, port: int, path: str, clock: Clock = time.time) -> None:
-        self.endpoints = {
-            pod.name: MetricsEndpoint(pod_url(scheme, pod, port, path), clock=clock) for pod in pods
-        }
+
+class PodEndpointsSource:
+    """Each pod's own /metrics (and its proxy sidecar's), scraped in parallel (a slow pod costs one timeout,
+    not one per pod)."""
+
+    def __init__(
+        self,
+        pods: list[Pod],
+        scheme: str,
+        port: int,
+        path: str,
+        clock: Clock = time.time,
+        proxy_port: int | None = None,
+    ) -> None:
+        self.endpoints = {pod.name: pod_metrics(pod, scheme, port, path, proxy_port, clock) for pod in pods}
+
+    @property
+    def proxy_problem(self) -> str | None:
+        """Which pods' proxy /metrics could not be read at the last read, and why (None: all were)."""
+        problems = [
+            f"pod {name}: {endpoint.proxy_problem}"
+            for name, endpoint in sorted(self.endpoints.items())
+            if isinstance(endpoint, EngineWithProxy) and endpoint.proxy_problem
+        ]
+        return "; ".join(problems) or None
 
     def read_pods(self) -> PodReadings | NoData:
         if not self.endpoints:

@@ -50,7 +50,7 @@ from kvtune.operator.own_metrics import (
     OperatorMetrics,
     evaluation_of,
 )
-from kvtune.operator.pods import Pod, PooledSource, pod_url
+from kvtune.operator.pods import Pod, PodEndpointsSource, PooledSource, pod_url
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.pooling import PoolState, worst_pod_line
 from kvtune.operator.sample import NoData, Sample
@@ -61,6 +61,7 @@ from kvtune.operator.workload import (
     is_workload,
     pod_statuses,
     pods_admin_actuator,
+    pods_proxy_actuator,
     workload_pods,
     workload_source,
 )
@@ -141,15 +142,24 @@ def source_for(spec: KVTuningPolicySpec) -> MetricSource:
     return MetricsEndpoint(metrics.metrics_url)
 
 
+def secret_token(
+    api: KubeApi, namespace: str, secrets: SecretCache, ref: SecretKeyRef, name: str
+) -> str | UnavailableActuator:
+    """The bearer token of the admin API called `name`, or an UnavailableActuator saying why it is not."""
+    try:
+        return secrets.value(api, namespace, ref.name, ref.key)
+    except KubeError as err:
+        return UnavailableActuator(f"{name} token secret {namespace}/{ref.name}: {err}")
+
+
 def admin_actuator(
     api: KubeApi, namespace: str, secrets: SecretCache, url: str, ref: SecretKeyRef, knobs: frozenset[str],
     name: str,
 ) -> Actuator:  # fmt: skip
     """The admin API at `url`, with its bearer token from the Secret (unavailable while it cannot be read)."""
-    try:
-        token = secrets.value(api, namespace, ref.name, ref.key)
-    except KubeError as err:
-        return UnavailableActuator(f"{name} token secret {namespace}/{ref.name}: {err}")
+    token = secret_token(api, namespace, secrets, ref, name)
+    if isinstance(token, UnavailableActuator):
+        return token
     return KvtuneAdminActuator(url, token, knobs=knobs, name=name)
 
 
@@ -171,15 +181,13 @@ def actuator_for(
     """A kvtune engine: its admin API, or every pod's (`pods`, with target.podEndpoints). vLLM / SGLang: the
     Deployment's args for max_num_seqs (one patch, one rolling restart, however many pods), and with a
     kvtune proxy in front, the proxy's admin API for the max_tokens cap (live, so the cap never restarts
-    the engine)."""
+    the engine): one proxy's (proxyAdminUrl), or every pod's proxy sidecar (podEndpoints.proxyPort)."""
     target = spec.target
     if target.engine == "kvtune" and target.pod_endpoints is not None:
         assert target.admin_token_secret_ref is not None and pods is not None
-        ref = target.admin_token_secret_ref
-        try:
-            token = secrets.value(api, namespace, ref.name, ref.key)
-        except KubeError as err:
-            return UnavailableActuator(f"admin API token secret {namespace}/{ref.name}: {err}")
+        token = secret_token(api, namespace, secrets, target.admin_token_secret_ref, "admin API")
+        if isinstance(token, UnavailableActuator):
+            return token
         return pods_admin_actuator(pods, target.pod_endpoints, token)
     if target.engine == "kvtune":
         assert target.admin_url is not None and target.admin_token_secret_ref is not None
@@ -188,11 +196,22 @@ def actuator_for(
     version_url = engine_base_url(spec, pods)
     deployment = WorkloadArgsActuator(api, target.kind, namespace, target.name, target.container, target.engine,
                                       target.admission_flag, version_url)  # fmt: skip
-    if target.proxy_admin_url is None:
+    sidecars = target.pod_endpoints if target.pod_endpoints and target.pod_endpoints.proxy_port else None
+    if target.proxy_admin_url is None and sidecars is None:
         return deployment
-    assert target.proxy_admin_token_secret_ref is not None  # the model sets both or neither
-    proxy = admin_actuator(api, namespace, secrets, target.proxy_admin_url, target.proxy_admin_token_secret_ref,
-                           PROXY_KNOBS, "proxy admin API")  # fmt: skip
+    ref = target.proxy_admin_token_secret_ref
+    assert ref is not None  # the model requires it with proxyAdminUrl and with podEndpoints.proxyPort
+    proxy: Actuator
+    if sidecars is not None:
+        assert pods is not None  # listed whenever the target has podEndpoints
+        token = secret_token(api, namespace, secrets, ref, "proxy admin API")
+        proxy = (
+            token if isinstance(token, UnavailableActuator) else pods_proxy_actuator(pods, sidecars, token)
+        )
+    else:
+        assert target.proxy_admin_url is not None
+        proxy = admin_actuator(api, namespace, secrets, target.proxy_admin_url, ref, PROXY_KNOBS,
+                               "proxy admin API")  # fmt: skip
     return ComposedActuator([proxy, deployment])
 
 
@@ -366,8 +385,25 @@ def follow_tick(
 
 
 def held_by_pod(actuator: Actuator) -> dict[str, dict[str, int | None]]:
-    """What each pod's admin API last said it holds (empty when the knobs are not set pod by pod)."""
-    return actuator.held if isinstance(actuator, FanOutActuator) else {}
+    """What each pod's admin API (its engine's, or its proxy sidecar's) last said it holds (empty when the
+    knobs are not set pod by pod)."""
+    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
+    held: dict[str, dict[str, int | None]] = {}
+    for part in parts:
+        if isinstance(part, FanOutActuator):
+            for pod, values in part.held.items():
+                held.setdefault(pod, {}).update(values)
+    return held
+
+
+def proxy_problem_of(source: MetricSource) -> str | None:
+    """Why a kvtune proxy's /metrics could not be read at this evaluation: the one proxy beside the engine,
+    or the pods whose proxy sidecar did not answer."""
+    if isinstance(source, EngineWithProxy):
+        return source.proxy_problem
+    if isinstance(source, PooledSource) and isinstance(source.pods, PodEndpointsSource):
+        return source.pods.proxy_problem
+    return None
 
 
 def follow_pods(
@@ -432,7 +468,7 @@ def evaluate(
     if worst is not None:
         tick = replace(tick, state=name_worst_pod(tick.state, previous, worst))
     events += pod_events
-    proxy_problem = source.proxy_problem if isinstance(source, EngineWithProxy) else None
+    proxy_problem = proxy_problem_of(source)
     if proxy_problem and not memory.proxy_problem:
         events.append(EventSpec("Warning", "ProxyMetricsMissing",
                                 f"the proxy's /metrics (defeat and cap series) cannot be read: {proxy_problem}"))  # fmt: skip

@@ -97,9 +97,14 @@ class Pooled:
     gone: tuple[str, ...] = ()  # pods dropped at this sample
 
 
-def pod_restarted(before: PodMemory, after: Sample) -> bool:
+def process_restarted(before: PodMemory, after: Sample) -> bool:
+    """The engine's process start time moved: every counter of the pod starts again from zero."""
     started = after.gauges.get(m.PROCESS_START)
-    if before.started is not None and started is not None and started != before.started:
+    return before.started is not None and started is not None and started != before.started
+
+
+def pod_restarted(before: PodMemory, after: Sample) -> bool:
+    if process_restarted(before, after):
         return True
     fell = any(after.counters[k] < v for k, v in before.counters.items() if k in after.counters)
     return fell or any(
@@ -108,14 +113,22 @@ def pod_restarted(before: PodMemory, after: Sample) -> bool:
 
 
 def counter_deltas(before: PodMemory | None, after: Sample, restarted: bool) -> dict[str, float]:
-    """What each counter of one pod counted since its previous sample; all of it when it is new or restarted."""
+    """What each counter of one pod counted since its previous sample; all of it when the pod is new or its
+    process `restarted`. A counter that fell on its own was reset on its own (a proxy sidecar's container
+    restarted while the engine ran on): its new value is its delta, and the engine's counters keep theirs,
+    so a sidecar's restart never counts the engine's preemptions twice."""
     if before is None or restarted:
         return dict(after.counters)
-    return {k: v - before.counters.get(k, 0.0) for k, v in after.counters.items()}
+    deltas: dict[str, float] = {}
+    for key, value in after.counters.items():
+        previous = before.counters.get(key, 0.0)
+        deltas[key] = value if value < previous else value - previous
+    return deltas
 
 
 def histogram_delta(before: Histogram | None, after: Histogram) -> Histogram:
-    if before is None:
+    """What one histogram counted since `before`; all of it when there is none or it was reset since."""
+    if before is None or after.count < before.count:
         return after
     previous = dict(before.buckets)
     buckets = tuple((bound, count - previous.get(bound, 0.0)) for bound, count in after.buckets)
@@ -207,7 +220,8 @@ def pool(
             restarted.append(name)
         if before is None and not first:
             new.append(name)
-        deltas = {} if baseline else counter_deltas(before, sample, was_restarted)
+        moved = before is not None and process_restarted(before, sample)
+        deltas = {} if baseline else counter_deltas(before, sample, moved)
         for key, delta in deltas.items():
             counters[key] = counters.get(key, 0.0) + delta
         if first:
@@ -219,7 +233,7 @@ def pool(
                 findings.append(f"{name}: buckets of {key} differ from the other pods'; left out of the pool")
                 continue
             grown: Histogram | None = None
-            if before is not None and not was_restarted:
+            if before is not None and not moved:
                 grown = histogram_delta(before.histograms.get(key), histogram)
             elif first or not baseline:
                 grown = histogram  # since boot at the first sample; all new work for a new or restarted pod

@@ -1,14 +1,20 @@
 """A policy whose target runs as many pods (`target.podEndpoints`, or `metrics.prometheus.byPod`): which
-pods there are this evaluation, the pooled source that reads them, the fan-out actuator that sets a kvtune
-engine's knobs on each of them, and the per-pod evidence that goes into status. One value is decided for
-the whole workload; `policy_tick.evaluate` wires these in.
+pods there are this evaluation, the pooled source that reads them, the fan-out actuators that set a kvtune
+engine's knobs, or a kvtune proxy sidecar's cap, on each of them, and the per-pod evidence that goes into
+status. One value is decided for the whole workload; `policy_tick.evaluate` wires these in.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from kvtune.operator.actuators import ENGINE_KNOBS, FanOutActuator, KnobValues, KvtuneAdminActuator
+from kvtune.operator.actuators import (
+    ENGINE_KNOBS,
+    PROXY_KNOBS,
+    FanOutActuator,
+    KnobValues,
+    KvtuneAdminActuator,
+)
 from kvtune.operator.crd import POD_STATUS_LIMIT, KVTuningPolicySpec, PodEndpoints, PodStatus
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.kube_api import KubeApi
@@ -57,16 +63,35 @@ def workload_source(
     else:
         endpoints = spec.target.pod_endpoints
         assert endpoints is not None and pods is not None  # is_workload: podEndpoints when not byPod
-        per_pod = PodEndpointsSource(pods, endpoints.scheme, endpoints.metrics_port, endpoints.metrics_path)
+        per_pod = PodEndpointsSource(pods, endpoints.scheme, endpoints.metrics_port, endpoints.metrics_path,
+                                     proxy_port=endpoints.proxy_port)  # fmt: skip
     return PooledSource(per_pod, state, horizon)
 
 
-def pods_admin_actuator(pods: list[Pod] | NoData, endpoints: PodEndpoints, token: str) -> FanOutActuator:
-    """Each pod's kvtune admin API (one token for all: the pods share the Secret), as one actuator."""
-    port = endpoints.admin_port or endpoints.metrics_port
+def fan_out(
+    pods: list[Pod] | NoData, scheme: str, port: int, token: str, knobs: frozenset[str], name: str
+) -> FanOutActuator:
+    """The admin API at `port` of every pod (one token for all: the pods share the Secret), as one."""
     listed = [] if isinstance(pods, NoData) else pods
-    parts = {pod.name: KvtuneAdminActuator(pod_url(endpoints.scheme, pod, port), token) for pod in listed}
-    return FanOutActuator(parts, ENGINE_KNOBS)
+    parts = {
+        pod.name: KvtuneAdminActuator(pod_url(scheme, pod, port), token, knobs=knobs, name=name)
+        for pod in listed
+    }
+    return FanOutActuator(parts, knobs)
+
+
+def pods_admin_actuator(pods: list[Pod] | NoData, endpoints: PodEndpoints, token: str) -> FanOutActuator:
+    """Each pod's kvtune engine admin API: every knob is live there."""
+    port = endpoints.admin_port or endpoints.metrics_port
+    return fan_out(pods, endpoints.scheme, port, token, ENGINE_KNOBS, "admin API")
+
+
+def pods_proxy_actuator(pods: list[Pod] | NoData, endpoints: PodEndpoints, token: str) -> FanOutActuator:
+    """Each pod's kvtune proxy sidecar admin API: the max_tokens cap, live, on every pod (vLLM's own
+    max_num_seqs is the one Deployment patch, composed beside this)."""
+    port = endpoints.proxy_admin()
+    assert port is not None  # called only with podEndpoints.proxyPort
+    return fan_out(pods, endpoints.scheme, port, token, PROXY_KNOBS, "proxy admin API")
 
 
 def held_max_num_seqs(found: PodEvidence, held: dict[str, KnobValues]) -> int | None:

@@ -167,6 +167,13 @@ def test_cluster_wide_is_one_cluster_role_and_a_cluster_peering(tmp_path: Path) 
     assert "--all-namespaces" in args and "--namespace" not in args
 
 
+def engine_selector(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = [
+        d for d in by_kind(objects, "Deployment") if d["metadata"]["name"] == "kvtune-example-engine"
+    ]
+    return dict(deployment["spec"]["selector"]["matchLabels"])
+
+
 def test_the_example_engine_is_tuned_through_its_admin_api(tmp_path: Path) -> None:
     objects = render(ENGINE_ON, tmp_path)
     secret = one(objects, "Secret")
@@ -176,13 +183,18 @@ def test_the_example_engine_is_tuned_through_its_admin_api(tmp_path: Path) -> No
     assert engine["args"][:2] == ["serve", "--tiny"]
     token_file = engine["args"][engine["args"].index("--admin-token-file") + 1]
     assert token_file == "/var/run/kvtune/admin/token"
+    # every replica is read and tuned: the Service's pods from its EndpointSlices, at the engine's port
+    engine_port = {port["name"]: port["containerPort"] for port in engine["ports"]}["http"]
     assert policy["spec"]["target"] == {
         "name": "kvtune-example-engine",
         "engine": "kvtune",
-        "adminUrl": "http://kvtune-example-engine:8000",
         "adminTokenSecretRef": {"name": secret["metadata"]["name"]},
+        "podEndpoints": {"service": "kvtune-example-engine", "metricsPort": engine_port},
     }
-    assert policy["spec"]["metrics"] == {"metricsUrl": "http://kvtune-example-engine:8000/metrics"}
+    assert "--admin-port" not in engine["args"]  # so the admin API is on metricsPort, the default adminPort
+    assert "metrics" not in policy["spec"]
+    service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == "kvtune-example-engine")
+    assert service["spec"]["selector"] == engine_selector(objects)
     # The operator may read this Secret, and only because the example is on.
     assert rules_by_resource(one(objects, "Role"))["/secrets"]["resourceNames"] == [
         secret["metadata"]["name"]
@@ -204,11 +216,36 @@ def test_the_vllm_example_sends_clients_through_the_proxy_sidecar(tmp_path: Path
     services = {service["metadata"]["name"]: service for service in by_kind(objects, "Service")}
     client_port = services["kvtune-example-vllm"]["spec"]["ports"][0]
     assert (client_port["name"], client_port["port"], client_port["targetPort"]) == ("http", 8000, "proxy")
-    assert {port["name"]: port["containerPort"] for port in proxy["ports"]}["proxy"] == 8001
+    proxy_ports = {port["name"]: port["containerPort"] for port in proxy["ports"]}
+    assert proxy_ports["proxy"] == 8001
+    assert [port["name"] for port in services["kvtune-example-vllm"]["spec"]["ports"]] == ["http"]
     policy = one(objects, "KVTuningPolicy")["spec"]
     assert policy["target"]["engine"] == "vllm" and policy["target"]["container"] == "vllm"
-    assert policy["target"]["proxyAdminUrl"] == "http://kvtune-example-vllm:8002"
-    assert policy["metrics"]["proxyMetricsUrl"] == "http://kvtune-example-vllm:8000/metrics"
+    # every pod is read and capped at its containers' ports: vLLM's /metrics, the proxy's and its admin API
+    engine_service = services[policy["target"]["podEndpoints"]["service"]]
+    assert engine_service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert policy["target"]["podEndpoints"] == {
+        "service": "kvtune-example-vllm-engine",
+        "metricsPort": {port["name"]: port["containerPort"] for port in vllm["ports"]}["vllm"],
+        "proxyPort": proxy_ports["proxy"],
+        "proxyAdminPort": proxy_ports["proxy-admin"],
+    }
+    assert proxy["args"][proxy["args"].index("--admin-port") + 1] == str(proxy_ports["proxy-admin"])
+    assert "proxyAdminUrl" not in policy["target"] and "metrics" not in policy
+    assert policy["target"]["proxyAdminTokenSecretRef"]["name"] == one(objects, "Secret")["metadata"]["name"]
+
+
+def test_both_examples_run_the_replicas_asked_for(tmp_path: Path) -> None:
+    values = {"examples": {"kvtuneEngine": {"enabled": True, "replicas": 3},
+                           "vllmProxy": {**VLLM_PROXY_ON["examples"]["vllmProxy"], "replicas": 3}}}  # fmt: skip
+    objects = render(values, tmp_path)
+    replicas = {
+        d["metadata"]["name"]: d["spec"]["replicas"]
+        for d in by_kind(objects, "Deployment")
+        if d["metadata"]["name"].startswith("kvtune-example-")
+    }
+    assert replicas == {"kvtune-example-engine": 3, "kvtune-example-vllm": 3}
+    assert all("podEndpoints" in p["spec"]["target"] for p in by_kind(objects, "KVTuningPolicy"))
 
 
 @pytest.mark.parametrize(

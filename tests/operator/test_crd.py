@@ -157,8 +157,10 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
         for _, node in walk(openapi_schema())
         for rule in node.get("x-kubernetes-validations", [])
     ]
-    assert len(rules) == 11  # issue 15: podEndpoints (metricsPath, adminUrl, metrics and byPod rules)
-    assert "has(self.proxyAdminUrl) == has(self.proxyAdminTokenSecretRef)" in rules
+    # issue 15: podEndpoints (metricsPath, adminUrl, metrics and byPod rules), then its proxyPort (the
+    # proxy token goes with proxyAdminUrl or podEndpoints.proxyPort, so the one "together" rule is two)
+    assert len(rules) == 15
+    assert "!has(self.proxyAdminUrl) || has(self.proxyAdminTokenSecretRef)" in rules
 
 
 def test_a_vllm_target_behind_a_proxy_validates() -> None:
