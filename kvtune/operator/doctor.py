@@ -20,6 +20,7 @@ from typing import Any
 from kvtune.errors import KvtuneError
 from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import Diagnosis, Finding, diagnose, no_data
+from kvtune.operator.doctor_admission import admission_advice
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.ladder import Advice, plan
 from kvtune.operator.policy import TuningPolicy
@@ -198,6 +199,7 @@ def report(
     prefix_report: dict[str, Any] | None = None,
     basis: str = WINDOW,
     since_boot_seconds: float | None = None,
+    admission_flag: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     gen = d.generation_len
     return {
@@ -205,6 +207,8 @@ def report(
         "status": d.status,
         "basis": basis,
         "since_boot_seconds": since_boot_seconds,
+        # vLLM read directly: the flag that sets max_num_seqs' admission limit ({flag, why, vllm_version})
+        "admission_flag": admission_flag,
         "findings": {
             "preemption_rate": d.preemption_rate,
             "preemptions": d.preemptions,
@@ -240,6 +244,13 @@ def _number(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def flag_text(admission_flag: dict[str, Any] | None, remedy: dict[str, Any]) -> str:
+    """On vLLM, the flag a person sets for max_num_seqs advice, and why that one."""
+    if admission_flag is None or KNOB_LABELS[remedy["remedy"]] != "max_num_seqs" or not remedy["applicable"]:
+        return ""
+    return f" (set {admission_flag['flag']} {_number(remedy['recommended'])}: {admission_flag['why']})"
+
+
 def format_text(data: dict[str, Any]) -> str:
     findings = data["findings"]
     span = f"{findings['samples']} samples over {findings['window_seconds']:.0f} s"
@@ -273,6 +284,7 @@ def format_text(data: dict[str, Any]) -> str:
         if remedy["applicable"]:
             current = "unset" if remedy["current"] is None else _number(remedy["current"])
             what = f"{label}: {current} → {_number(remedy['recommended'])}"
+            what += flag_text(data.get("admission_flag"), remedy)
         else:
             what = "not applicable"
         lines.append(f"  {i}. {remedy['remedy']}: {what}")
@@ -338,6 +350,9 @@ def run(args: argparse.Namespace) -> int:
     front = args.proxy or args.metrics_url
     prefix = prefix_report_section(d, front) if front and samples else None
     remedies = plan(d, engine, policy)
-    data = report(d, engine, remedies, where, prefix, found_out.basis, found_out.since_boot_seconds)
+    admission = admission_advice(args.metrics_url, samples[-1] if samples else None)
+    data = report(
+        d, engine, remedies, where, prefix, found_out.basis, found_out.since_boot_seconds, admission
+    )
     print(json.dumps(data, indent=2) if args.json else format_text(data))
     return 1 if d.status == "no_data" else 0

@@ -14,9 +14,9 @@ round trip), so the active replica can change hands at a rollout.
 Which peering objects must exist (kopf does not create them, and with a peering name given, kopf treats
 peering as mandatory: an operator that cannot find its object stays paused and does nothing):
 - namespaced (`--namespace A --namespace B`): a `KopfPeering` (kopf.dev/v1, namespaced) named NAME in *each*
-  watched namespace (A and B); RBAC: get/list/watch/patch on kopfpeerings in those namespaces;
+  watched namespace (A and B); RBAC: list/watch/patch on kopfpeerings in those namespaces;
 - cluster-wide (`--all-namespaces`): one `ClusterKopfPeering` (kopf.dev/v1, cluster-scoped) named NAME;
-  RBAC: get/list/watch/patch on clusterkopfpeerings.
+  RBAC: list/watch/patch on clusterkopfpeerings (kopf never reads a peering object by name).
 Both CRDs (kopfpeerings.kopf.dev, clusterkopfpeerings.kopf.dev) must be installed with the objects; kopf
 also discovers them through `GET /apis/kopf.dev/v1`. Without `--peering` the operator runs standalone
 (one replica), reads no peering object and needs none.

@@ -1,0 +1,349 @@
+"""Least privilege, proved (issue 15): kopf runs the operator with the peering the chart gives it, against
+kmock, over every path that calls the Kubernetes API: a kvtune workload through its pods' EndpointSlices
+(the admin-token Secret read by name, the policy's status, Events), an old vLLM Deployment patched through
+`--max-num-seqs`, a vLLM 0.32 StatefulSet patched through `--max-num-active-seqs`, and kopf's own watching,
+annotations and peering. Every call is recorded (tests/operator/api_calls.py) and compared, both ways, with
+the rules `helm template` renders: each call must be granted, and each grant used by some call. Namespaced,
+against the Role in the watched namespace; cluster-wide, against the ClusterRole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import kmock
+import kopf
+import pytest
+
+import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.k8s_actuator import read_flag
+from kvtune.operator.own_metrics import OperatorMetrics
+from kvtune.operator.peering import kopf_peering_arguments
+from tests.chart.helm import by_kind, render
+from tests.operator.api_calls import ApiCall, api_calls
+from tests.operator.helpers import reply
+from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube: the emulator fixture)
+    DEPLOYMENTS,
+    NS,
+    POLICIES,
+    MetricsHandler,
+    OptimisticEmulator,
+    add_admin_secret,
+    kube,
+    our_events,
+    ours,
+)
+from tests.operator.test_pods_kmock import Workload, kvtune_spec, workload  # noqa: F401  (fixture)
+
+PEERING = "kvtune"
+ADMIN_SECRET = "llama-admin"  # what add_admin_secret creates and kvtune_spec names
+STATEFULSETS = kmock.resource("apps/v1/statefulsets")
+PEERINGS = kmock.resource("kopf.dev/v1/kopfpeerings")
+CLUSTER_PEERINGS = kmock.resource("kopf.dev/v1/clusterkopfpeerings")
+OLD_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"  # lacks --max-num-active-seqs: --max-num-seqs is patched
+STS_MAX_NUM_SEQS = 48
+
+
+class Grant(NamedTuple):
+    """One permission of a Role or ClusterRole, one verb on one resource[/subresource] (and name)."""
+
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    name: str  # "" when the rule names no resourceNames (any object)
+
+
+class VllmHandler(MetricsHandler):
+    """A vLLM engine's /metrics (the recorded files) and its `GET /version` when the server has one."""
+
+    def do_GET(self) -> None:
+        if self.path == "/version":
+            version = self.server.version  # type: ignore[attr-defined]
+            if version is None:
+                reply(self, 404, "application/json", b'{"detail": "Not Found"}')
+            else:
+                reply(self, 200, "application/json", json.dumps({"version": version}).encode())
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def engines() -> Iterator[Callable[[str | None], str]]:
+    """Start a vLLM-like engine (its /version answering the given version, or 404): its base URL."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(version: str | None) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), VllmHandler)
+        server.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
+        server.admin_tokens = []  # type: ignore[attr-defined]
+        server.version = version  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def add_workload(cluster: OptimisticEmulator, kind: str, name: str, image: str, args: list[str]) -> None:
+    resource = DEPLOYMENTS if kind == "Deployment" else STATEFULSETS
+    cluster.objects[resource, NS, name] = {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": "1", "generation": 1},
+        "spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": image, "args": args}]}}},
+    }
+
+
+def workload_args(cluster: OptimisticEmulator, resource: kmock.resource, name: str) -> list[str]:
+    return [
+        str(a)
+        for a in cluster.objects[resource, NS, name]["spec"]["template"]["spec"]["containers"][0]["args"]
+    ]
+
+
+def add_policy(cluster: OptimisticEmulator, name: str, spec: dict[str, Any]) -> None:
+    cluster.objects[POLICIES, NS, name] = {
+        "apiVersion": "kvtune.dev/v1alpha1",
+        "kind": "KVTuningPolicy",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "resourceVersion": "1",
+        },
+        "spec": spec,
+    }
+
+
+def vllm_policy(kind: str, name: str, engine_url: str) -> dict[str, Any]:
+    return {
+        "target": {"kind": kind, "name": name, "container": "vllm", "engine": "vllm"},
+        "metrics": {"metricsUrl": f"{engine_url}/metrics"},
+        "mode": "Apply",
+        "bounds": {"minMaxNumSeqs": 2, "maxMaxNumSeqs": 256},
+        "intervalSeconds": 1,
+        "evaluationWindowSeconds": 30,
+        "cooldownSeconds": 0,
+    }
+
+
+def add_peering(cluster: OptimisticEmulator, clusterwide: bool) -> None:
+    """The peering object the chart installs: a KopfPeering in the watched namespace, or a ClusterKopfPeering."""
+    kind = "ClusterKopfPeering" if clusterwide else "KopfPeering"
+    resource, namespace = (CLUSTER_PEERINGS, None) if clusterwide else (PEERINGS, NS)
+    cluster.resources[f"kopf.dev/v1/{kind.lower()}s"] = kmock.ResourceInfo(
+        kind=kind, namespaced=not clusterwide
+    )
+    metadata = {"name": PEERING, "resourceVersion": "1", **({"namespace": namespace} if namespace else {})}
+    cluster.objects[resource, namespace, PEERING] = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": kind,
+        "metadata": metadata,
+        "status": {},
+    }
+
+
+class Scenario(NamedTuple):
+    """What the operator must have done on each path before its calls are complete."""
+
+    pods: Workload
+
+    def done(self, cluster: OptimisticEmulator) -> bool:
+        reasons = {event["reason"] for event in our_events(cluster)}
+        return (
+            all(pod.patches for pod in self.pods.pods.values())
+            and read_flag(workload_args(cluster, DEPLOYMENTS, "llama-vllm"), "--max-num-seqs") != 64
+            and read_flag(workload_args(cluster, STATEFULSETS, "llama-sts"), "--max-num-active-seqs")
+            is not None
+            and "TuningApplied" in reasons
+        )
+
+
+def set_up(
+    cluster: OptimisticEmulator, pods: Workload, engines: Callable[[str | None], str], clusterwide: bool
+) -> Scenario:
+    cluster.resources["apps/v1/statefulsets"] = kmock.ResourceInfo(kind="StatefulSet", namespaced=True)
+    add_peering(cluster, clusterwide)
+    # a kvtune engine of two pods behind a Service: EndpointSlices, the admin token Secret, every pod's admin API
+    pods.start("llama-a", "127.0.0.2", [46, 95])
+    pods.start("llama-b", "127.0.0.3", [46, 146])
+    add_admin_secret(cluster, "pods-token", "1")
+    add_policy(cluster, "pods", kvtune_spec(pods.port))
+    # vLLM 0.31 (by its image tag; its /version answers 404): the Deployment's --max-num-seqs
+    add_workload(
+        cluster, "Deployment", "llama-vllm", OLD_VLLM_IMAGE, ["--model", "/models/llama", "--max-num-seqs=64"]
+    )
+    add_policy(cluster, "vllm", vllm_policy("Deployment", "llama-vllm", engines(None)))
+    # vLLM 0.32 (by its /version; the image has no tag): the StatefulSet's --max-num-active-seqs
+    add_workload(cluster, "StatefulSet", "llama-sts", "vllm/vllm-openai",
+                 ["--model", "/models/llama", "--max-num-seqs", str(STS_MAX_NUM_SEQS)])  # fmt: skip
+    add_policy(cluster, "sts", vllm_policy("StatefulSet", "llama-sts", engines("0.32.1")))
+    return Scenario(pods)
+
+
+async def operate(cluster: OptimisticEmulator, scenario: Scenario, clusterwide: bool) -> set[ApiCall]:
+    """Run kopf as `kvtune operator --peering NAME (--namespace NS | --all-namespaces)` does, until every
+    path has acted; every API call it made."""
+    stop = asyncio.Event()
+    operator = asyncio.create_task(kopf.operator(
+        clusterwide=clusterwide, namespaces=[] if clusterwide else [NS], stop_flag=stop,
+        memo=kopf.Memo(operator_metrics=OperatorMetrics()), **kopf_peering_arguments(PEERING),
+    ))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 45
+        while not scenario.done(cluster):
+            assert time.monotonic() < deadline, (
+                f"not every path acted within 45 s: {sorted(api_calls(list(cluster)))}"
+            )
+            assert not operator.done(), operator
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(
+            1.5
+        )  # a keep-alive of the peering and a few more ticks: the steady state's calls too
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(operator, 20)
+    return api_calls(list(cluster))
+
+
+def assert_each_path_acted(cluster: OptimisticEmulator, scenario: Scenario) -> None:
+    """The paths themselves, explicitly: the cluster engineer's StatefulSet and admission-flag cases."""
+    values = {pod.patches[0]["max_num_seqs"] for pod in scenario.pods.pods.values()}
+    assert len(values) == 1 and all(len(pod.patches) == 1 for pod in scenario.pods.pods.values())
+    # an old vLLM: --max-num-seqs lowered, the flag it lacks never written; one Deployment patch
+    deployment = workload_args(cluster, DEPLOYMENTS, "llama-vllm")
+    lowered = read_flag(deployment, "--max-num-seqs")
+    assert lowered is not None and 2 <= lowered < 64
+    assert read_flag(deployment, "--max-num-active-seqs") is None
+    assert len([r for r in ours(cluster[kmock.action.UPDATE, DEPLOYMENTS]) if not r.subresource]) == 1
+    # vLLM 0.32 on a StatefulSet: --max-num-active-seqs at most --max-num-seqs, which stays; one patch
+    statefulset = workload_args(cluster, STATEFULSETS, "llama-sts")
+    active = read_flag(statefulset, "--max-num-active-seqs")
+    assert active is not None and 2 <= active <= STS_MAX_NUM_SEQS
+    assert read_flag(statefulset, "--max-num-seqs") == STS_MAX_NUM_SEQS
+    assert len([r for r in ours(cluster[kmock.action.UPDATE, STATEFULSETS]) if not r.subresource]) == 1
+    assert cluster.objects[POLICIES, NS, "sts"]["status"]["admissionFlag"].startswith("--max-num-active-seqs")
+    assert cluster.objects[POLICIES, NS, "vllm"]["status"]["admissionFlag"].startswith("--max-num-seqs")
+    messages = [e["message"] for e in our_events(cluster) if e["reason"] == "TuningApplied"]
+    assert any("through --max-num-active-seqs (vLLM 0.32.1 from the engine's /version" in m for m in messages)
+    assert any("through --max-num-seqs (vLLM v0.31.0 from the image tag" in m for m in messages), messages
+
+
+def rule_grants(role: dict[str, Any]) -> set[Grant]:
+    """A Role's or ClusterRole's rules as single grants; a wildcard is never least privilege."""
+    grants: set[Grant] = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for full in rule["resources"]:
+                resource, _, subresource = full.partition("/")
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames") or [""]:
+                        grant = Grant(verb, group, resource, subresource, name)
+                        assert "*" not in grant, f"a wildcard in {rule}"
+                        grants.add(grant)
+    return grants
+
+
+def as_grant(call: ApiCall) -> Grant:
+    return Grant(call.verb, call.group, call.resource, call.subresource, call.name)
+
+
+def granting(call: ApiCall, grants: set[Grant], namespace: str | None) -> set[Grant]:
+    """The grants that allow `call`: a Role's only in its own namespace (never a cluster-scoped call);
+    a grant without resourceNames allows any name."""
+    if namespace is not None and call.namespace != namespace:
+        return set()
+    exact = as_grant(call)
+    return {grant for grant in (exact, exact._replace(name="")) if grant in grants}
+
+
+def assert_exactly_granted(calls: set[ApiCall], role: dict[str, Any], namespace: str | None) -> None:
+    print("API calls:", *sorted(calls), sep="\n  ")
+    grants = rule_grants(role)
+    missing = sorted(call for call in calls if not granting(call, grants, namespace))
+    used = set().union(*(granting(call, grants, namespace) for call in calls))
+    extra = sorted(grants - used)
+    where = f"the Role in {namespace}" if namespace else "the ClusterRole"
+    assert not missing and not extra, (
+        f"{where} must grant exactly the operator's calls.\n"
+        + "".join(f"  missing (called, not granted): {call}\n" for call in missing)
+        + "".join(f"  extra (granted, never called): {grant}\n" for grant in extra)
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(120)
+async def test_namespaced_the_role_grants_exactly_the_calls_the_operator_makes(
+    kube: OptimisticEmulator,  # noqa: F811
+    workload: Workload,  # noqa: F811
+    engines: Callable[[str | None], str],
+    tmp_path: Path,
+) -> None:
+    scenario = set_up(kube, workload, engines, clusterwide=False)
+    calls = await operate(kube, scenario, clusterwide=False)
+    assert_each_path_acted(kube, scenario)
+    assert ApiCall("get", "", "secrets", "", NS, ADMIN_SECRET) in calls  # the one Secret, by its name
+    assert {call.name for call in calls if call.resource == "secrets"} == {ADMIN_SECRET}
+
+    objects = render({"watchNamespaces": [NS], "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
+    assert by_kind(objects, "ClusterRole") == []
+    (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["namespace"] == NS]
+    assert_exactly_granted(calls, role, NS)
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(120)
+async def test_cluster_wide_the_cluster_role_grants_exactly_the_calls_the_operator_makes(
+    kube: OptimisticEmulator,  # noqa: F811
+    workload: Workload,  # noqa: F811
+    engines: Callable[[str | None], str],
+    tmp_path: Path,
+) -> None:
+    scenario = set_up(kube, workload, engines, clusterwide=True)
+    calls = await operate(kube, scenario, clusterwide=True)
+    assert_each_path_acted(kube, scenario)
+    assert {call.name for call in calls if call.resource == "secrets"} == {ADMIN_SECRET}
+
+    objects = render({"clusterWide": True, "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
+    assert by_kind(objects, "Role") == []
+    (role,) = by_kind(objects, "ClusterRole")
+    assert_exactly_granted(calls, role, None)
+
+
+def test_the_comparison_names_a_missing_and_an_extra_grant() -> None:
+    """The proof's own check bites both ways, and a Role never grants another namespace's or a
+    cluster-scoped call."""
+    role = {"rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["llama-admin"], "verbs": ["get"]},
+    ]}  # fmt: skip
+    calls = {
+        ApiCall("get", "", "secrets", "", NS, ADMIN_SECRET),
+        ApiCall("get", "", "secrets", "", NS, "another-secret"),
+        ApiCall("create", "", "events", "", NS, ""),
+    }
+    with pytest.raises(AssertionError) as failed:
+        assert_exactly_granted(calls, role, NS)
+    message = str(failed.value)
+    assert "missing (called, not granted): ApiCall(verb='get', group='', resource='secrets'" in message
+    assert "name='another-secret'" in message and "resource='events'" in message
+    assert "extra (granted, never called): Grant(verb='get', group='', resource='configmaps'" in message
+    assert "name='llama-admin')" not in message.split("extra")[1]  # the named Secret's grant is used
+    elsewhere = {ApiCall("get", "", "secrets", "", "other", ADMIN_SECRET)}
+    assert not granting(next(iter(elsewhere)), rule_grants(role), NS)
+    assert granting(next(iter(elsewhere)), rule_grants(role), None)  # a ClusterRole's grant is everywhere
