@@ -318,18 +318,20 @@ def decide(
     if d.status == "no_data":
         return Decision(d, note=d.findings[0].message), state
     state = _expire_unsafe(state, policy, now)
-    if state.pending is not None:
-        if state.pending.held_at is None and state.pending.knob == KNOB_MAX_NUM_SEQS:
-            held = held_since(window, state.pending)
+    pending = state.pending
+    if pending is not None:
+        if pending.held_at is None and pending.knob == KNOB_MAX_NUM_SEQS:
+            held = held_since(window, pending)
             if held is not None:
-                state = replace(state, pending=replace(state.pending, held_at=held))
-        settled = settled_at(window, state.pending, policy, now)
+                pending = replace(pending, held_at=held)
+                state = replace(state, pending=pending)
+        settled = settled_at(window, pending, policy, now)
         if settled is None:
             return Decision(d, note="waiting for the running requests to settle under the new limit"), state
         d = diagnose(window.since(settled), engine)
         if now - settled < policy.evaluation_window_s or d.samples < 2:
             return Decision(d, note="evaluating the last change"), state
-        state, rollback = _evaluate(state.pending, d, policy, state, now)
+        state, rollback = _evaluate(pending, d, policy, state, now)
         if rollback is not None:
             return Decision(d, (rollback,), note=rollback.reason), state
     if state.last_action_at is not None and now - state.last_action_at < policy.cooldown_s:
