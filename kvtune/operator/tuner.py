@@ -1,10 +1,12 @@
 """The tuner: `decide(window, engine, policy, state, now) -> (decision, new_state)`, a pure function.
 
 It walks the ladder one remedy at a time. An applied change is watched for one evaluation window and then
-judged: kept, or rolled back when preemptions rose or (under saturated demand) goodput fell. The next rung
-is tried only when the earlier ones are exhausted or do not apply. max_num_seqs also goes back up, with
-hysteresis, when nothing preempts, requests wait and KV usage has headroom; a value that preempted is not
-tried again for `unsafe_memory_s`.
+judged: kept, or rolled back when it made things worse (a raise that preempts, a cap whose preemptions
+rose, or under saturated demand goodput that fell). The next rung is tried only when the earlier ones are
+exhausted or do not apply. A first cut of max_num_seqs that held without preemption is followed at once by
+one probe up to pool / mean footprint; after that max_num_seqs goes back up only with hysteresis, when
+nothing preempts, requests wait and KV usage has headroom; a value that preempted is not tried again for
+`unsafe_memory_s`.
 """
 
 from __future__ import annotations
@@ -193,7 +195,11 @@ def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
         if goodput_fell:
             return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s"
         return None
-    if rate_after > rate_before * (1 + policy.throughput_tolerance) and rate_after > 0:
+    # fewer residents cannot preempt more: a lowering that still preempts, even at a higher rate than a
+    # before-window that caught the load warming up, is followed by a feedback step down, not undone (the
+    # closed-loop restart test undid 64 -> 10 on 3.08 -> 4.36/s and stayed at 64, the rung exhausted)
+    rose = rate_after > rate_before * (1 + policy.throughput_tolerance) and rate_after > 0
+    if rose and pending.direction != "lower":
         return f"preemptions rose {rate_before:.2f} -> {rate_after:.2f}/s"
     if goodput_fell and rate_after >= rate_before:
         return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s without fewer preemptions"
