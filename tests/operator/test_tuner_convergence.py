@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtune.operator import metric_names as m
+from kvtune.operator.diagnosis import Diagnosis
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, EngineView
+from kvtune.operator.ladder import probe_max_num_seqs
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Histogram, Sample
 from kvtune.operator.tuner import Decision, TunerState, decide
@@ -156,3 +158,30 @@ def test_bounded_never_raises_while_preempting_and_settles(
         if d.diagnosis.preempting and c.value > c.before:
             assert c.reason.startswith("rollback"), (c, changes)
     assert all(t <= settle_by for t, _, _ in changes), [(t, c.before, c.value) for t, _, c in changes]
+
+
+@given(
+    current=st.integers(min_value=1, max_value=200),
+    pool=st.integers(min_value=64, max_value=200_000),
+    mean=st.floats(min_value=1.0, max_value=20_000.0),
+    rate=st.floats(min_value=0.0, max_value=50.0),
+    waiting=st.floats(min_value=0.0, max_value=50.0),
+    unsafe=st.one_of(st.none(), st.integers(min_value=1, max_value=256)),
+    max_step=st.integers(min_value=1, max_value=64),
+    ceiling=st.integers(min_value=1, max_value=256),
+)
+def test_a_probe_stays_in_its_bounds_and_never_goes_up_while_preempting(
+    current: int, pool: int, mean: float, rate: float, waiting: float, unsafe: int | None, max_step: int,
+    ceiling: int,
+) -> None:  # fmt: skip
+    policy = replace(POLICY, max_max_num_seqs=ceiling, max_step=max_step)
+    d = Diagnosis("active", samples=3, preemption_rate=rate, running_max=float(current), waiting_max=waiting,
+                  footprint_mean=mean, mean_footprint_concurrency=max(1, int(pool // mean)))  # fmt: skip
+    engine = EngineView(max_num_seqs=current, pool_tokens=pool)
+    advice = probe_max_num_seqs(d, engine, policy, unsafe)
+    if not advice.applicable:
+        return
+    assert isinstance(advice.recommended, int)
+    assert rate == 0 and waiting > 0
+    assert current < advice.recommended <= min(ceiling, current + max_step, pool // mean)
+    assert unsafe is None or advice.recommended < unsafe
