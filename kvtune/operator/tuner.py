@@ -166,9 +166,9 @@ def _clean_since(window: Window, start: float) -> bool:
 def held_since(window: Window, pending: Pending) -> float | None:
     """The first sample since the change at which the running requests were within its new limit.
 
-    The tuner keeps this in its state once seen: the caller's window holds only the last few samples, and
-    searching it afresh each tick found a later sample every tick, so a lowering was judged only at the
-    three-window limit (the tuner benchmark's 48 -> 11 -> 12 took 7 evaluation windows)."""
+    The tuner keeps this in its state once seen: the caller's window holds only the last few samples
+    (`kvtune operator` keeps five for a 3 s window at 1 s intervals), and searching it afresh each tick
+    found a later sample every tick, so every lowering waited for the three-window limit."""
     if not isinstance(pending.after, int):
         return None
     for sample in window.since(pending.at).samples:
@@ -300,9 +300,10 @@ def _can_apply(advice: Advice, engine: EngineView, policy: TuningPolicy) -> bool
     return advice.knob != KNOB_KV_CACHE_DTYPE or policy.allow_fp8
 
 
-def _first_cut_held(state: TunerState) -> bool:
-    """The last thing the tuner did was lower max_num_seqs, and that was judged and kept: the one moment
-    for the probe up (read from the history, which survives an operator restart through the status)."""
+def _lowering_held(state: TunerState) -> bool:
+    """The last thing the tuner did was lower max_num_seqs, and that was judged and kept: the moment for
+    the probe up (read from the history, which survives an operator restart through the status). A probe,
+    kept or rolled back, is the last thing after it, so there is one probe per lowering."""
     if not state.history:
         return False
     last = state.history[-1]
@@ -347,7 +348,7 @@ def decide(
     if d.status == "idle" or policy.mode is Mode.OBSERVE:
         return Decision(d, note=d.status if d.status == "idle" else "observe mode"), state
     if not d.preempting:
-        if _first_cut_held(state):
+        if _lowering_held(state):
             probe = probe_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
             if probe.applicable and _can_apply(probe, engine, policy):
                 return _act(probe, "raise", d, state, now)
