@@ -107,13 +107,55 @@ def intervals_to_converge(changes_at: list[float], began: float, window: float) 
     return int((changes_at[-1] - began) // window) + 1
 
 
+@dataclass(frozen=True)
+class Workload:
+    """A named workload: the pool, the load and where the tuner starts, with a sweep around its optimum."""
+
+    kv_cache_tokens: int
+    clients: int
+    prompt_len: str
+    output_len: str
+    start: int
+    sweep: str
+    why: str
+
+
+# Three pool-to-footprint ratios (pool / mean full footprint about 9, 13 and 4.6): the tuner must converge on
+# each, not on one workload it was tuned against.
+WORKLOADS = {
+    "default": Workload(4096, 16, "200:400", "100:200", 64, "4,6,7,8,9,10,12,16",
+                        "the benchmark's first workload"),
+    "wide-prompts": Workload(6144, 24, "150:450", "80:240", 48, "8,10,11,12,13,14,16",
+                             "issue 15's workload: a larger pool, prompts spread three to one"),
+    "long-outputs": Workload(2048, 8, "100:300", "150:350", 32, "2,3,4,5,6,8",
+                             "a pool of few requests whose outputs outgrow their prompts"),
+}  # fmt: skip
+WORKLOAD_FLAGS = ("kv_cache_tokens", "clients", "prompt_len", "output_len", "start", "sweep")
+
+
+def section_name(workload: str) -> str:
+    """The BENCHMARKS.md section a workload's run rewrites (the default keeps the section it always had)."""
+    return "tuner" if workload == "default" else f"tuner-{workload}"
+
+
+def apply_workload(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill every workload flag left unset from the named preset; a flag given explicitly wins."""
+    preset = WORKLOADS[args.workload]
+    for name in WORKLOAD_FLAGS:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(preset, name))
+    return args
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sweep", default="4,6,7,8,9,10,12,16", help="static max_num_seqs values")
-    parser.add_argument("--start", type=int, default=64, help="the too-high max_num_seqs the tuner starts at")
-    parser.add_argument("--kv-cache-tokens", type=int, default=4096)
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--prompt-len", default="200:400")
-    parser.add_argument("--output-len", default="100:200")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="default",
+                        help="a named workload (its pool, load, start and sweep); the flags below override it")  # fmt: skip
+    parser.add_argument("--sweep", help="static max_num_seqs values (default: the workload's)")
+    parser.add_argument("--start", type=int, help="the too-high max_num_seqs the tuner starts at")
+    parser.add_argument("--kv-cache-tokens", type=int)
+    parser.add_argument("--clients", type=int)
+    parser.add_argument("--prompt-len")
+    parser.add_argument("--output-len")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
     parser.add_argument("--measure", type=float, default=6.0, help="seconds each measurement spans")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds, converged vs sweep-best")
@@ -135,7 +177,8 @@ def workload_text(kv_cache_tokens: int, shape: LoadShape) -> str:
     shortest = shape.prompt_len[0] + shape.output_len[0]
     holds = kv_cache_tokens / (prompt + output)
     pool = (
-        f"the pool holds about {holds:.0f} such requests at their full length ({kv_cache_tokens // longest} "
+        f"the pool holds about {holds:.0f} such requests at their full length (pool ÷ mean footprint "
+        f"{holds:.1f}; {kv_cache_tokens // longest} "
         f"of the longest, {kv_cache_tokens // shortest} of the shortest)"
     )
     if shape.clients > holds:
@@ -172,7 +215,7 @@ def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
         "preemptions of both windows); sweep-best = best goodput among values with zero preemptions in both. "
         f"(2) max_num_seqs {args.start}, then `kvtune operator --local` logic (interval {args.interval:g} s, "
         f"evaluation window and cooldown {args.evaluation_window:g} s) for {args.tune_seconds:g} s, then a "
-        f"{2 * args.measure:g} s steady-state window with the tuner still running. Intervals to converge = "
+        f"{2 * args.measure:g} s steady-state window with the tuner still running. Windows to converge = "
         "evaluation windows from the tuner's start to the one holding its last change. (3) Tuner stopped; "
         f"converged and sweep-best values measured alternately, {args.rounds} rounds, medians: the ratio is "
         "taken from these, under the same machine noise."
@@ -185,6 +228,7 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    args = apply_workload(args)
     sweep = [int(v) for v in args.sweep.split(",")]
     shape = LoadShape(args.clients, _range(args.prompt_len), _range(args.output_len))
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
             engine.stop()
     print(result)
     if not args.no_record:
-        record_section("tuner", result)
+        record_section(section_name(args.workload), result)
     return 0
 
 
@@ -285,8 +329,21 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
     conv_cpu = statistics.median(c.per_cpu_s for c, _ in pairs) if pairs else float("nan")
     best_cpu = statistics.median(b.per_cpu_s for _, b in pairs) if pairs else float("nan")
     alt_pre = sum(c.preemptions for c, _ in pairs)
+    footprint = _mean(shape.prompt_len) + _mean(shape.output_len)
+    clean_after = steady.preemptions == 0 and alt_pre == 0
+    verdict = (
+        f"workload {args.workload}: pool ÷ mean footprint {args.kv_cache_tokens / footprint:.1f}; "
+        f"windows to converge {intervals} (goal ≤ 5); converged {converged}, sweep-best "
+        f"{best.max_num_seqs if best else 'none'}; goodput ÷ sweep-best {ratio:.0%} (goal ≥ 95%); "
+        f"preemptions after {steady.preemptions + alt_pre:.0f} (goal 0): "
+        + ("met" if intervals <= 5 and ratio >= 0.95 and clean_after else "NOT met")
+    )
+    print(verdict, flush=True)
     lines = [
-        "## Tuner (`kvtune bench tuner`)",
+        f"## Tuner, workload {args.workload} (`kvtune bench tuner --workload {args.workload}`)",
+        "",
+        f"Workload {args.workload}: {WORKLOADS[args.workload].why}; KV pool {args.kv_cache_tokens:,} tokens ÷ "
+        f"mean full footprint {footprint:.0f} tokens = {args.kv_cache_tokens / footprint:.1f}.",
         "",
         method_text(args, shape),
         f"Machine: {machine_description()}, shared (another benchmark may be running). "
@@ -316,11 +373,12 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
         f"| sweep-best (zero preemptions) | {best.max_num_seqs if best else 'none'} |",
         f"| goodput ÷ sweep-best (alternating medians) | {ratio:.0%} wall-clock; {conv_cpu / best_cpu:.0%} per "
         "engine CPU-second (goal ≥ 95%) |",
-        f"| intervals to converge | {intervals} evaluation windows (last change at {last_change:.0f} s; "
+        f"| windows to converge | {intervals} evaluation windows (last change at {last_change:.0f} s; "
         "goal ≤ 5) |",
         f"| preemptions after convergence | {steady.preemptions:.0f} over the {2 * args.measure:g} s steady "
         f"window with the tuner running, {alt_pre:.0f} in the converged value's alternating windows (goal 0) |",
         f"| steady-state goodput (tuner running) | {steady.goodput:.0f} tokens/s |",
         f"| requests | {tally.completed} completed, {len(tally.failures)} failed |",
+        f"| verdict | {verdict} |",
     ]
     return "\n".join(lines)

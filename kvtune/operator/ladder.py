@@ -206,6 +206,40 @@ def raise_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     )  # fmt: skip
 
 
+def probe_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, unsafe: int | None) -> Advice:
+    """The one probe up after a first cut that held: to the pool / mean footprint, every resident at its
+    mean full length.
+
+    The first cut (pooled p95) is on the safe side, since residents are part-way through their generations
+    and hold less than their full footprint. Creeping back up one seat at a time on sampled KV headroom took
+    a noisy while to happen or not (issue 15: 48 -> 11, then 11 -> 12 in the seventh evaluation window,
+    against a sweep-best of 13; a rerun raised at 31 s); pool / mean footprint was 13 there and 9, the
+    sweep-best, on the benchmark's first workload. A probe that
+    preempts is rolled back and its value is not tried again for `unsafe_memory_s`."""
+    current = engine.max_num_seqs
+
+    def no(evidence: str) -> Advice:
+        return Advice(Remedy.LOWER_MAX_NUM_SEQS, False, current, current, evidence)
+
+    if current is None or d.preempting or d.preemption_rate is None:
+        return no("not a candidate for a probe")
+    if not d.waiting_max or (d.running_max or 0) < current:
+        return no("nobody waits on max_num_seqs")
+    sized = d.mean_footprint_concurrency
+    if sized is None or d.footprint_mean is None:
+        return no("no mean footprint to size a probe from")
+    target = min(sized, current + policy.max_step, policy.max_max_num_seqs)
+    if unsafe is not None:
+        target = min(target, unsafe - 1)
+    if target <= current:
+        return no(f"pool / mean footprint {sized} is not above {current} (unsafe {unsafe})")
+    return Advice(
+        Remedy.LOWER_MAX_NUM_SEQS, True, current, target,
+        f"probe: the first cut held without preemption; KV pool {engine.pool_tokens:,} tokens / mean "
+        f"footprint {d.footprint_mean:,.0f} = {sized}; {d.waiting_mean or 0:.1f} waiting",
+    )  # fmt: skip
+
+
 def defeat_lines(d: Diagnosis, engine: EngineView) -> list[str]:
     """One line per defeat reason seen in the window, most tokens lost first: prompts defeated and their
     share of all defeats, tokens lost (and their share of the prompt tokens), and the fix."""

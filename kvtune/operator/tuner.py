@@ -1,10 +1,12 @@
 """The tuner: `decide(window, engine, policy, state, now) -> (decision, new_state)`, a pure function.
 
 It walks the ladder one remedy at a time. An applied change is watched for one evaluation window and then
-judged: kept, or rolled back when preemptions rose or (under saturated demand) goodput fell. The next rung
-is tried only when the earlier ones are exhausted or do not apply. max_num_seqs also goes back up, with
-hysteresis, when nothing preempts, requests wait and KV usage has headroom; a value that preempted is not
-tried again for `unsafe_memory_s`.
+judged: kept, or rolled back when it made things worse (a raise that preempts, a cap whose preemptions
+rose, or under saturated demand goodput that fell). The next rung is tried only when the earlier ones are
+exhausted or do not apply. A first cut of max_num_seqs that held without preemption is followed at once by
+one probe up to pool / mean footprint; after that max_num_seqs goes back up only with hysteresis, when
+nothing preempts, requests wait and KV usage has headroom; a value that preempted is not tried again for
+`unsafe_memory_s`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from kvtune.operator.ladder import (
     cap_max_tokens,
     flag_prefix_defeat,
     lower_max_num_seqs,
+    probe_max_num_seqs,
     raise_max_num_seqs,
     recommend_fp8_kv,
 )
-from kvtune.operator.metric_names import RUNNING
+from kvtune.operator.metric_names import PREEMPTIONS, RUNNING
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.window import Window
 
@@ -71,6 +74,7 @@ class Pending:
     after: Value
     direction: str  # cap, lower, raise
     before_figures: Figures
+    held_at: float | None = None  # when the new limit was first seen holding (kept: the window slides)
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ class TunerState:
     def after_engine_restart(self, now: float) -> TunerState:
         """Evidence starts again at a restart: a pending change is judged on a window of the new process
         only, and the next action waits a cooldown of it (re-applying the desired values is an action)."""
-        pending = replace(self.pending, at=now) if self.pending is not None else None
+        pending = replace(self.pending, at=now, held_at=None) if self.pending is not None else None
         return replace(self, pending=pending, last_action_at=now)
 
 
@@ -134,20 +138,44 @@ def settled_at(window: Window, pending: Pending, policy: TuningPolicy, now: floa
     """When the change took effect. Lowering max_num_seqs evicts nobody, so the new limit holds only once
     the running requests have drained under it; and the residents left then are the old value's survivors,
     long requests (preemption took the youngest), so the pool stays fuller than the new value keeps it.
-    A lowering is therefore judged from one evaluation window after the limit held: judging earlier blamed
-    the new value for the old one's backlog (the tuner benchmark stepped a clean 9 down to 8 on one
-    preemption right after settling). After three evaluation windows the change is judged regardless."""
+    A lowering that preempted in its first window after the limit held is therefore judged from one
+    evaluation window later: judging earlier blamed the new value for the old one's backlog (the tuner
+    benchmark stepped a clean 9 down to 8 on one preemption right after settling). A first window without a
+    preemption has nothing to excuse, and the change is judged on it. After three evaluation windows the
+    change is judged regardless."""
     if pending.knob != KNOB_MAX_NUM_SEQS or not isinstance(pending.after, int):
         return pending.at
+    held = pending.held_at if pending.held_at is not None else held_since(window, pending)
+    if held is None:
+        return pending.at if now - pending.at >= 3 * policy.evaluation_window_s else None
+    if pending.direction != "lower":
+        return held
+    if now - held >= policy.evaluation_window_s and _clean_since(window, held):
+        return held
+    return min(held + policy.evaluation_window_s, pending.at + 3 * policy.evaluation_window_s)
+
+
+def _clean_since(window: Window, start: float) -> bool:
+    """No preemption from `start` on, as far as the window can tell: it must still hold a sample taken at
+    or before `start`, or a preemption just after it would go unseen."""
+    if not window.samples or window.samples[0].timestamp > start:
+        return False
+    return window.since(start).increase(PREEMPTIONS) == 0
+
+
+def held_since(window: Window, pending: Pending) -> float | None:
+    """The first sample since the change at which the running requests were within its new limit.
+
+    The tuner keeps this in its state once seen: the caller's window holds only the last few samples
+    (`kvtune operator` keeps five for a 3 s window at 1 s intervals), and searching it afresh each tick
+    found a later sample every tick, so every lowering waited for the three-window limit."""
+    if not isinstance(pending.after, int):
+        return None
     for sample in window.since(pending.at).samples:
         running = sample.gauges.get(RUNNING)
         if running is None or running <= pending.after:
-            if pending.direction != "lower":
-                return sample.timestamp
-            return min(
-                sample.timestamp + policy.evaluation_window_s, pending.at + 3 * policy.evaluation_window_s
-            )
-    return pending.at if now - pending.at >= 3 * policy.evaluation_window_s else None
+            return sample.timestamp
+    return None
 
 
 def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
@@ -167,7 +195,11 @@ def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
         if goodput_fell:
             return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s"
         return None
-    if rate_after > rate_before * (1 + policy.throughput_tolerance) and rate_after > 0:
+    # fewer residents cannot preempt more: a lowering that still preempts, even at a higher rate than a
+    # before-window that caught the load warming up, is followed by a feedback step down, not undone (the
+    # closed-loop restart test undid 64 -> 10 on 3.08 -> 4.36/s and stayed at 64, the rung exhausted)
+    rose = rate_after > rate_before * (1 + policy.throughput_tolerance) and rate_after > 0
+    if rose and pending.direction != "lower":
         return f"preemptions rose {rate_before:.2f} -> {rate_after:.2f}/s"
     if goodput_fell and rate_after >= rate_before:
         return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s without fewer preemptions"
@@ -268,6 +300,22 @@ def _can_apply(advice: Advice, engine: EngineView, policy: TuningPolicy) -> bool
     return advice.knob != KNOB_KV_CACHE_DTYPE or policy.allow_fp8
 
 
+def _lowering_held(state: TunerState) -> bool:
+    """The last thing the tuner did was lower max_num_seqs, and that was judged and kept: the moment for
+    the probe up (read from the history, which survives an operator restart through the status). A probe,
+    kept or rolled back, is the last thing after it, so there is one probe per lowering."""
+    if not state.history:
+        return False
+    last = state.history[-1]
+    return (
+        last.kind == "applied"
+        and last.knob == KNOB_MAX_NUM_SEQS
+        and last.reason == "lower"
+        and last.after_figures is not None
+        and state.pending is None
+    )
+
+
 def decide(
     window: Window, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
 ) -> tuple[Decision, TunerState]:
@@ -277,14 +325,20 @@ def decide(
     if d.status == "no_data":
         return Decision(d, note=d.findings[0].message), state
     state = _expire_unsafe(state, policy, now)
-    if state.pending is not None:
-        settled = settled_at(window, state.pending, policy, now)
+    pending = state.pending
+    if pending is not None:
+        if pending.held_at is None and pending.knob == KNOB_MAX_NUM_SEQS:
+            held = held_since(window, pending)
+            if held is not None:
+                pending = replace(pending, held_at=held)
+                state = replace(state, pending=pending)
+        settled = settled_at(window, pending, policy, now)
         if settled is None:
             return Decision(d, note="waiting for the running requests to settle under the new limit"), state
         d = diagnose(window.since(settled), engine)
         if now - settled < policy.evaluation_window_s or d.samples < 2:
             return Decision(d, note="evaluating the last change"), state
-        state, rollback = _evaluate(state.pending, d, policy, state, now)
+        state, rollback = _evaluate(pending, d, policy, state, now)
         if rollback is not None:
             return Decision(d, (rollback,), note=rollback.reason), state
     if state.last_action_at is not None and now - state.last_action_at < policy.cooldown_s:
@@ -294,6 +348,10 @@ def decide(
     if d.status == "idle" or policy.mode is Mode.OBSERVE:
         return Decision(d, note=d.status if d.status == "idle" else "observe mode"), state
     if not d.preempting:
+        if _lowering_held(state):
+            probe = probe_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
+            if probe.applicable and _can_apply(probe, engine, policy):
+                return _act(probe, "raise", d, state, now)
         up = raise_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
         # hysteresis: a raise needs two evaluation windows without a change, not one
         quiet = state.last_action_at is None or now - state.last_action_at >= 2 * policy.evaluation_window_s

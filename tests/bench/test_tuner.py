@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 
 from kvtune.bench.load import LoadShape
-from kvtune.bench.tuner import Measured, add_arguments, combine, intervals_to_converge, method_text
+from kvtune.bench.tuner import (
+    WORKLOADS,
+    Measured,
+    add_arguments,
+    apply_workload,
+    combine,
+    intervals_to_converge,
+    method_text,
+    section_name,
+)
 
 
 def test_a_value_is_clean_only_if_both_windows_were() -> None:
@@ -27,10 +36,37 @@ def test_intervals_count_windows_up_to_the_last_change() -> None:
 def test_the_method_text_is_written_from_the_run_arguments() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--start", "32", "--kv-cache-tokens", "8192", "--clients", "4"])
+    args = apply_workload(parser.parse_args(["--start", "32", "--kv-cache-tokens", "8192", "--clients", "4"]))
     text = method_text(args, LoadShape(4, (200, 400), (100, 200)))
     assert "{" not in text and "max_num_seqs 32, then" in text and "KV pool 8,192 tokens" in text
     assert "holds about 18 such requests" in text and "4 clients do not over-subscribe it" in text
-    default = parser.parse_args([])
+    default = apply_workload(parser.parse_args([]))
     text = method_text(default, LoadShape(16, (200, 400), (100, 200)))
     assert "holds about 9 such requests" in text and "16 clients over-subscribe it" in text
+
+
+def test_a_named_workload_fills_the_flags_left_unset_and_records_its_own_section() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    wide = apply_workload(parser.parse_args(["--workload", "wide-prompts", "--clients", "30"]))
+    assert (wide.kv_cache_tokens, wide.prompt_len, wide.output_len, wide.start) == (
+        6144,
+        "150:450",
+        "80:240",
+        48,
+    )
+    assert wide.clients == 30  # given explicitly: the flag wins over the preset
+    assert section_name("default") == "tuner" and section_name("wide-prompts") == "tuner-wide-prompts"
+
+
+def test_the_three_workloads_have_different_pool_to_footprint_ratios() -> None:
+    def ratio(name: str) -> float:
+        w = WORKLOADS[name]
+        prompt, output = (sum(int(v) for v in span.split(":")) / 2 for span in (w.prompt_len, w.output_len))
+        return w.kv_cache_tokens / (prompt + output)
+
+    ratios = sorted(round(ratio(name), 1) for name in WORKLOADS)
+    assert ratios == [4.6, 9.1, 13.4]
+    for w in WORKLOADS.values():  # every sweep reaches below and above the pool's mean-footprint count
+        values = [int(v) for v in w.sweep.split(",")]
+        assert min(values) < w.kv_cache_tokens / 460 < max(values) < w.start

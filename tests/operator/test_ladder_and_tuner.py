@@ -132,7 +132,10 @@ def test_cooldown_and_evaluation_window_hold_the_next_action() -> None:
     samples = [*preempting(0, 10), synthetic(12, preemptions=60, generated=6000, kv=1, running=3, waiting=5),
                synthetic(15, preemptions=70, generated=6500, kv=1, running=3, waiting=5)]  # fmt: skip
     decision, held = step(samples, kvtune_engine(3), state, 15)
-    assert decision.changes == () and "evaluating" in decision.note and held == state
+    assert decision.changes == () and "evaluating" in decision.note
+    # nothing moves but the record of when the new limit first held (at 12: running 3 <= 3)
+    assert held.pending is not None and held.pending.held_at == 12
+    assert replace(held, pending=replace(held.pending, held_at=None)) == state
 
 
 def test_no_change_is_judged_before_running_requests_drain_under_the_new_limit() -> None:
@@ -199,7 +202,21 @@ def test_lower_rolled_back_when_preemptions_rise() -> None:
              synthetic(31, preemptions=350, generated=6000, kv=1, running=3, waiting=5)]  # fmt: skip
     decision, state = step(worse, kvtune_engine(3), state, 31)
     assert [(c.before, c.value) for c in decision.changes] == [(3, 64)]
+    assert "goodput fell 500 -> 50 tokens/s without fewer preemptions" in decision.changes[0].reason
     assert Remedy.LOWER_MAX_NUM_SEQS in state.exhausted
+
+
+def test_a_lowering_that_preempts_more_but_keeps_its_goodput_is_kept_and_stepped_down() -> None:
+    # the before-window caught the load warming up (5/s); at 3 the rate is 10/s with the goodput held:
+    # fewer residents cannot be the cause, so the feedback steps further down instead of undoing the cut
+    _, state = step(preempting(0, 10), kvtune_engine(64), TunerState(), 10)
+    assert state.pending is not None and state.pending.after == 3
+    more = [synthetic(t, preemptions=50 + 10 * (t - 10), generated=5000 + 500 * (t - 10), kv=1, running=3,
+                      waiting=5) for t in (10, 21, 31)]  # fmt: skip
+    decision, state = step(more, kvtune_engine(3), state, 31)
+    assert [(c.before, c.value) for c in decision.changes] == [(3, 2)]
+    assert "feedback" in decision.changes[0].reason
+    assert Remedy.LOWER_MAX_NUM_SEQS not in state.exhausted
 
 
 def test_modes_observe_and_recommend_change_nothing() -> None:
