@@ -440,6 +440,7 @@ class PendingModel(CamelModel):
     after: KnobValue = None
     direction: Direction
     before_figures: FiguresModel
+    held_at: float | None = Field(None, description="epoch seconds the new limit was first seen holding")
 
 
 class TunerStateModel(CamelModel):
@@ -512,6 +513,7 @@ def state_to_status(state: TunerState) -> tuple[TunerStateModel, list[HistoryIte
             after=pending.after,
             direction=cast(Direction, pending.direction),
             before_figures=FiguresModel.of(pending.before_figures),
+            held_at=pending.held_at,
         )
         if pending
         else None,
@@ -537,7 +539,7 @@ def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
         rung=Remedy(saved.rung) if saved.rung else None,
         pending=Pending(
             pending.at, Remedy(pending.remedy), pending.knob, pending.before, pending.after,
-            pending.direction, pending.before_figures.figures(),
+            pending.direction, pending.before_figures.figures(), pending.held_at,
         )
         if pending
         else None,

@@ -190,7 +190,8 @@ def test_tuner_state_round_trips_through_status() -> None:
     before = Figures(0.5, 100.0, 0.97, 3.0)
     state = TunerState(
         rung=Remedy.LOWER_MAX_NUM_SEQS,
-        pending=Pending(1000.25, Remedy.LOWER_MAX_NUM_SEQS, "max_num_seqs", 64, 41, "lower", before),
+        pending=Pending(1000.25, Remedy.LOWER_MAX_NUM_SEQS, "max_num_seqs", 64, 41, "lower", before,
+                        held_at=1003.5),
         last_action_at=1000.25,
         unsafe_max_num_seqs=64,
         unsafe_since=1000.25,
