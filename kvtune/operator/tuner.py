@@ -222,6 +222,9 @@ def _evaluate(
         return state, None
     if pending.direction == "raise":
         state = _mark_unsafe(state, pending.after, now)
+        step_back = _step_back(pending, after)
+        if step_back is not None:
+            return _step_back_from(pending, step_back, reason, after, state, now)
     else:
         state = replace(state, exhausted=state.exhausted | {pending.remedy})
     change = Change(pending.knob, pending.before, pending.after, pending.remedy, f"rollback: {reason}")
@@ -241,6 +244,35 @@ def _evaluate(
         )
     )
     return replace(state, last_action_at=now), change
+
+
+def _step_back(pending: Pending, after: Figures) -> int | None:
+    """Where a raise of several seats that preempted goes: one seat below it, or None to go back to where
+    it came from. Preempting at N proves N seats too many, not every seat the probe added: going back to
+    the first cut and creeping up one seat per window took eight windows on the tuner benchmark's
+    wide-prompts workload (48 -> 10 -> 14 -> 10 -> 11 -> 12, sweep-best 13-14)."""
+    if not (isinstance(pending.before, int) and isinstance(pending.after, int)):
+        return None
+    if not after.preemption_rate or pending.after - 1 <= pending.before:
+        return None
+    return pending.after - 1
+
+
+def _step_back_from(
+    pending: Pending, target: int, reason: str, figures: Figures, state: TunerState, now: float
+) -> tuple[TunerState, Change]:
+    """Step a preempting probe back one seat, and judge that like any lowering: if it still preempts, the
+    feedback steps further down; the probe's value stays unsafe for `unsafe_memory_s`."""
+    why = f"step back: {reason}"
+    evidence = f"{reason}; one seat below it rather than back to {pending.before}"
+    change = Change(pending.knob, target, pending.after, pending.remedy, why)
+    followed = Pending(now, pending.remedy, pending.knob, pending.after, target, "lower", figures)
+    state = replace(state.desire(pending.knob, target), pending=followed, last_action_at=now)
+    state = state.record(
+        HistoryEntry(now, "rolled_back", pending.remedy, pending.knob, pending.after, target, reason,
+                     evidence, pending.before_figures, figures)
+    )  # fmt: skip
+    return state, change
 
 
 def _act(

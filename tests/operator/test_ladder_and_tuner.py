@@ -7,11 +7,11 @@ from dataclasses import replace
 
 from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import EngineView
+from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, EngineView
 from kvtune.operator.ladder import Remedy, plan, raise_max_num_seqs
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
-from kvtune.operator.tuner import Decision, TunerState, decide
+from kvtune.operator.tuner import Decision, Figures, Pending, TunerState, decide
 from kvtune.operator.window import Window
 from tests.operator.helpers import kvtune_engine, synthetic
 
@@ -167,13 +167,28 @@ def test_raise_with_hysteresis_and_rollback_when_it_preempts() -> None:
     samples = [synthetic(10, preemptions=50, generated=9000, kv=0.9, running=6, waiting=5),
                synthetic(21, preemptions=58, generated=18000, kv=1.0, running=6, waiting=5)]  # fmt: skip
     decision, state = step(samples, kvtune_engine(6), state, 21)
-    assert [(c.before, c.value) for c in decision.changes] == [(6, 4)]
-    assert decision.changes[0].reason.startswith("rollback")
+    # a raise of two seats that preempted steps back one seat, judged like a lowering
+    assert [(c.before, c.value) for c in decision.changes] == [(6, 5)]
+    assert decision.changes[0].reason.startswith("step back")
     assert state.unsafe_max_num_seqs == 6 and state.history[-1].kind == "rolled_back"
     assert state.history[-2].after_figures is not None  # the raise got its after figures
-    # headroom again later: the raise stops below the value that preempted
-    decision, state = step(calm(40, 50, running=4, kv=0.2, base=58), kvtune_engine(4), state, 50)
-    assert [(c.before, c.value) for c in decision.changes] == [(4, 5)]
+    assert state.pending is not None and state.pending.direction == "lower"
+    # headroom again later: the step back is kept, and nothing goes back up to the value that preempted
+    decision, state = step(calm(40, 50, running=5, kv=0.2, base=58), kvtune_engine(5), state, 50)
+    assert decision.changes == () and state.pending is None
+
+
+def test_a_one_seat_raise_that_preempts_goes_back_where_it_came_from() -> None:
+    _, state = step(calm(0, 10, running=4, kv=0.5), kvtune_engine(4), TunerState(), 10)
+    pending = Pending(
+        10, Remedy.LOWER_MAX_NUM_SEQS, KNOB_MAX_NUM_SEQS, 4, 5, "raise", Figures(0.0, 900.0, 0.5, 5.0)
+    )
+    state = replace(state, pending=pending, last_action_at=10, rung=Remedy.LOWER_MAX_NUM_SEQS)
+    samples = [synthetic(10, preemptions=50, generated=9000, kv=0.9, running=5, waiting=5),
+               synthetic(21, preemptions=58, generated=18000, kv=1.0, running=5, waiting=5)]  # fmt: skip
+    decision, state = step(samples, kvtune_engine(5), state, 21)
+    assert [(c.before, c.value) for c in decision.changes] == [(5, 4)]
+    assert decision.changes[0].reason.startswith("rollback") and state.unsafe_max_num_seqs == 5
 
 
 def test_no_raise_without_waiting_requests_or_headroom() -> None:

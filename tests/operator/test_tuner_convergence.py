@@ -108,11 +108,20 @@ def test_first_cut_then_one_probe_to_pool_over_mean_footprint_within_five_window
     assert "probe" in str(run(ModelEngine(48, 13, 24), 6)[-1][1].changes[0].reason)
 
 
-def test_a_probe_that_preempts_is_rolled_back_and_not_tried_again() -> None:
+def test_a_probe_that_preempts_steps_back_one_seat_and_is_not_tried_again() -> None:
     engine = ModelEngine(max_num_seqs=48, safe=12, clients=24)
     changes = trail(run(engine, 90))
-    assert [(before, after) for _, before, after in changes] == [(48, 11), (11, 13), (13, 11)]
-    assert changes[-1][0] <= 5 * WINDOW_S and engine.max_num_seqs == 11
+    # 13 preempts: one seat below it (12, the safe value), not back to the first cut (11)
+    assert [(before, after) for _, before, after in changes] == [(48, 11), (11, 13), (13, 12)]
+    assert changes[-1][0] <= 5 * WINDOW_S and engine.max_num_seqs == 12
+
+
+def test_a_step_back_that_still_preempts_goes_further_down() -> None:
+    engine = ModelEngine(max_num_seqs=48, safe=11, clients=24)
+    changes = trail(run(engine, 120))
+    # 13 preempts, so does 12: the feedback steps below it, and 13 is never tried again
+    assert [(before, after) for _, before, after in changes][:3] == [(48, 11), (11, 13), (13, 12)]
+    assert engine.max_num_seqs <= 11 and all(after < 13 for _, _, after in changes[2:])
 
 
 def test_no_probe_when_nobody_waits() -> None:
