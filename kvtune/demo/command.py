@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -42,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "children.txt").write_text("")
     signal.signal(signal.SIGTERM, _interrupt)
+    operator_log = logging.getLogger("kvtune.operator")  # its lines go to a file, not over the live view
+    operator_log.addHandler(logging.FileHandler(out_dir / "operator.log"))
+    operator_log.setLevel(logging.INFO)
+    operator_log.propagate = False
     view = LiveView()
     try:
         timeline = Demo(QUICK if args.quick else FULL, port, out_dir, view, args.quick).run()

@@ -9,6 +9,7 @@ with `--kv-cache-dtype fp8` at the same bytes (the operator puts its desired val
 from __future__ import annotations
 
 import contextlib
+import itertools
 import secrets
 import statistics
 import tempfile
@@ -35,10 +36,12 @@ from kvtune.demo.workload import (
     shared_prompt,
 )
 from kvtune.errors import KvtuneError
+from kvtune.operator import metric_names as m
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.local import run_loop
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
+from kvtune.operator.sample import NoData
 from kvtune.operator.sources import MetricsEndpoint
 
 KV_BYTES_PER_TOKEN_BF16 = 2 * 4 * 2 * 32 * 2  # K and V x 4 layers x 2 KV heads x head_dim 32 x 2 bytes
@@ -66,6 +69,7 @@ FULL = DemoPlan(clients=24, kv_pool_tokens=4096, evaluation_s=8, interval_s=1.0,
 QUICK = DemoPlan(clients=24, kv_pool_tokens=4096, evaluation_s=5, interval_s=1.0, user_reads_s=2,
                  hit_rate_rise_s=6, settle_s=15, before_s=15, ladder_timeout_s=70)  # fmt: skip
 START_MAX_NUM_SEQS = 256
+MIN_FINISHED = 10  # finished requests before the operator starts: a generation-length distribution
 
 
 class Demo:
@@ -90,18 +94,20 @@ class Demo:
                               START_MAX_NUM_SEQS, "bfloat16", 1)  # fmt: skip
             self.view.message(f"starting kvtune serve --tiny on port {self.port} (log: {spec.log})")
             engines: list[Engine] = []
-            stack.callback(lambda: [engine.stop() for engine in engines])
+            stack.callback(_stop_all, engines)
             engines.append(self._boot(spec, "auto"))
             pool_auto = pool_tokens(engines[-1].url)
             layout = PromptLayout(shared_prompt())
             load = BackgroundLoad(engines[-1].url, load_shape(self.plan.clients, layout)).start()
             load_started = time.time()
             stack.callback(lambda: load.stop(30))
-            stack.callback(lambda: [engine.stop() for engine in engines])  # first: in-flight requests end
+            stack.callback(_stop_all, engines)  # first: in-flight requests end
+            self.view.message("the load is on; the operator starts once the engine is in trouble")
+            self._wait_for_trouble(engines[-1].url)
             source = RecordingSource(MetricsEndpoint(engines[-1].url))
             recorder = Recorder(source, self.started)
             policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=self.plan.evaluation_s,
-                                  cooldown_s=self.plan.evaluation_s, shared_prefix_tokens=SHARED_PROMPT_TOKENS)  # fmt: skip
+                                  cooldown_s=self.plan.evaluation_s, shared_prefix_tokens=SHARED_PROMPT_TOKENS, max_step=START_MAX_NUM_SEQS)  # fmt: skip
             actuator = KvtuneAdminActuator(engines[-1].url, token)
             operator = threading.Thread(
                 target=run_loop, args=(source, actuator, policy, self.plan.interval_s, self.stop_event, recorder),
@@ -113,7 +119,9 @@ class Demo:
 
             self._wait_for(recorder, lambda: _has(recorder, "cap_max_tokens", "applied"), "1 cap max_tokens")
             recorder.phase = "2 lower max_num_seqs"
-            self._wait_for(recorder, lambda: _has(recorder, "flag_prefix_defeat", "flagged"), "2 lower max_num_seqs")
+            self._wait_for(
+                recorder, lambda: _has(recorder, "flag_prefix_defeat", "flagged"), "2 lower max_num_seqs"
+            )
             recorder.phase = "3 prefix defeat"
             self._sleep(recorder, self.plan.user_reads_s)
             hit_before = _mean([p.hit_rate for p in recorder.points[-5:]])
@@ -124,7 +132,9 @@ class Demo:
                                        f"the user moved the timestamp after the {SHARED_PROMPT_TOKENS}-token shared "
                                        f"prompt (hit rate {_pct(hit_before)} before); flag: {where}"))  # fmt: skip
             self._sleep(recorder, self.plan.hit_rate_rise_s)
-            self._wait_for(recorder, lambda: _has(recorder, "recommend_fp8_kv", "recommended"), "3 prefix defeat")
+            self._wait_for(
+                recorder, lambda: _has(recorder, "recommend_fp8_kv", "recommended"), "3 prefix defeat"
+            )
             recorder.phase = "4 FP8 KV"
             running_before = _mean([p.running for p in recorder.points[-5:]])
             engines[-1].stop()
@@ -148,13 +158,29 @@ class Demo:
                 "quick": self.quick, "started_at": self.started, "duration_s": round(time.time() - self.started, 1),
                 "running_mean_before_fp8": running_before, "running_mean_after_fp8": running_after,
                 "requests_completed": tally.completed, "requests_failed": len(tally.failures),
-                "engine_pids": [engine.pid for engine in engines],
+                "engine_pids": [engine.pid for engine in engines], "port": self.port,
             }  # fmt: skip
             load_from = load_started - self.started
             before = figures(recorder.points, tally.latencies, self.started, load_from + 3,
                              min(load_from + 3 + self.plan.before_s, _first_action_t(recorder)))  # fmt: skip
             after = figures(recorder.points, tally.latencies, self.started, settle_from - self.started, None)
             return Timeline(list(recorder.points), list(recorder.actions), before, after, meta)
+
+    def _wait_for_trouble(self, url: str) -> None:
+        """Until the engine preempts and enough requests finished to size a cap from: the operator then meets
+        the seed's situation (an engine already in trouble), not the cold start before it."""
+        source = MetricsEndpoint(url)
+        deadline = time.monotonic() + self.plan.ladder_timeout_s
+        while time.monotonic() < deadline:
+            sample = source.read()
+            if not isinstance(sample, NoData):
+                finished = sample.histograms.get(m.REQUEST_GENERATION_TOKENS)
+                if sample.counters.get(m.PREEMPTIONS, 0) > 0 and finished and finished.count >= MIN_FINISHED:
+                    return
+            time.sleep(0.5)
+        raise KvtuneError(
+            f"the engine did not preempt within {self.plan.ladder_timeout_s:.0f} s: no trouble to fix"
+        )
 
     def _boot(self, spec: EngineSpec, kv_cache_dtype: str) -> Engine:
         engine = Engine(spec, kv_cache_dtype)
@@ -184,6 +210,11 @@ class Demo:
                 )
             self._refresh(recorder)
             time.sleep(0.5)
+
+
+def _stop_all(engines: list[Engine]) -> None:
+    for engine in engines:
+        engine.stop()
 
 
 def _has(recorder: Recorder, rung: str, kind: str) -> bool:
@@ -228,7 +259,7 @@ def figures(points: list[Point], latencies: list[tuple[float, float]], started: 
     preemptions = None
     if len(span) >= 2:
         total = 0.0
-        for previous, point in zip(span, span[1:], strict=False):
+        for previous, point in itertools.pairwise(span):
             total += (point.preemptions_per_s or 0.0) * (point.t - previous.t)
         preemptions = round(total, 1)
     done = [s for at, s in latencies if at - started >= t_from and (t_to is None or at - started < t_to)]
@@ -238,5 +269,3 @@ def figures(points: list[Point], latencies: list[tuple[float, float]], started: 
         p95_latency_s=round(float(np.percentile(done, 95)), 2) if done else None,
         hit_rate=_mean([p.hit_rate for p in span]),
     )
-
-

@@ -44,7 +44,9 @@ def point_line(point: Point) -> str:
 
 
 def _table(point: Point | None, action: Action | None) -> Table:
-    table = Table(title="kvtune demo: a tiny engine in trouble, the operator walking the ladder", show_header=False)
+    table = Table(
+        title="kvtune demo: a tiny engine in trouble, the operator walking the ladder", show_header=False
+    )
     table.add_column(style="bold")
     table.add_column()
     if point is None:
