@@ -26,7 +26,7 @@ META_NAMES = {
     "block_size": "block size (tokens)",
     "clients": "concurrent clients",
     "max_tokens_declared": "max_tokens the clients declare",
-    "max_tokens_answered": "tokens the clients actually get (about)",
+    "max_tokens_answered": "tokens the answers actually take (about)",
     "shared_prompt_tokens": "shared system prompt (tokens)",
     "quick": "quick (shortened) run",
     "started_at": "started",
@@ -41,11 +41,13 @@ STYLE = (
 
 
 def _meta_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if key == "started_at" and isinstance(value, int | float):
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
     if isinstance(value, float):
         return f"{value:,.1f}"
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int):
         return f"{value:,}"
     return NOT_AVAILABLE if value is None else str(value)
 
@@ -104,7 +106,8 @@ def write_index(timeline: Timeline, out_dir: Path, seeds: int, with_simulation: 
         "<h1>kvtune demo report</h1>",
         "<p>A tiny kvtune engine was started with too small a KV pool and too many clients; the operator then "
         "walked its ladder of remedies: cap max_tokens, lower max_num_seqs, flag the prefix-cache defeat, "
-        "recommend FP8 KV. Every figure below was measured during the run.</p>",
+        "recommend FP8 KV. Every figure of the run below was measured during it; only the last two sections "
+        "(the memory map and the seed's figures) come from the simulator.</p>",
         _table(
             ["setting", "value"],
             [[META_NAMES.get(k, k), _meta_value(k, v)] for k, v in timeline.meta.items()],

@@ -116,12 +116,13 @@ def phase_bands(points: list[Point], end: float) -> list[Band]:
 
 
 def action_markers(timeline: Timeline, span: float) -> list[Marker]:
-    """One marker per action, with actions that happened within a moment of each other sharing one."""
+    """One marker per action; actions within a moment of each other share one, a line of label each (drawn side
+    by side), so no label prints over another."""
     markers: list[Marker] = []
     for action in sorted(timeline.actions, key=lambda a: a.t):
         label = action_label(action, timeline.meta)
         if markers and action.t - markers[-1].at <= CROWDED * span:
-            markers[-1] = Marker(markers[-1].at, f"{markers[-1].label}; {label}")
+            markers[-1] = Marker(markers[-1].at, f"{markers[-1].label}\n{label}")
         else:
             markers.append(Marker(action.t, label))
     return markers

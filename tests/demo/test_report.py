@@ -171,7 +171,7 @@ def test_each_action_has_a_label_a_person_reads() -> None:
     ]
     markers = action_markers(sample_timeline(), 150.0)
     assert [m.at for m in markers] == [20.0, 30.0, 40.0, 50.0, 60.0, 90.0, 95.0]
-    assert markers[4].label == "flag: varying_head tokens 0-11; timestamp moved"  # 2 s apart: one line
+    assert markers[4].label == "flag: varying_head tokens 0-11\ntimestamp moved"  # 2 s apart: one marker
 
 
 def test_phases_become_consecutive_bands() -> None:
