@@ -22,6 +22,7 @@ from kvtune.operator.ladder import (
     cap_max_tokens,
     flag_prefix_defeat,
     lower_max_num_seqs,
+    pool_binds,
     probe_max_num_seqs,
     raise_max_num_seqs,
     recommend_fp8_kv,
@@ -389,7 +390,7 @@ def decide(
         quiet = state.last_action_at is None or now - state.last_action_at >= 2 * policy.evaluation_window_s
         if up.applicable and quiet and _can_apply(up, engine, policy):
             return _act(up, "raise", d, state, now)
-        if not d.saturated:
+        if not d.saturated and not pool_binds(d, engine):
             return Decision(d, note="stable"), state
     raised: list[Advice] = []
     for remedy in LADDER:
@@ -406,5 +407,9 @@ def decide(
         new, state = _report(advice, d, state, now)
         if new:
             raised.append(advice)
-    note = "ladder exhausted: pressure persists" if d.preempting or d.saturated else "stable"
+    note = (
+        "ladder exhausted: pressure persists"
+        if d.preempting or d.saturated
+        else ("the pool binds: requests wait for KV room" if pool_binds(d, engine) else "stable")
+    )
     return Decision(d, advice=tuple(raised), note=note), state

@@ -8,7 +8,7 @@ from dataclasses import replace
 from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, EngineView
-from kvtune.operator.ladder import Remedy, plan, raise_max_num_seqs
+from kvtune.operator.ladder import Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.tuner import Decision, Figures, Pending, TunerState, decide
@@ -270,3 +270,17 @@ def test_plan_lists_every_rung_in_ladder_order() -> None:
     remedies = plan(d, kvtune_engine(), POLICY)
     assert [r.remedy for r in remedies] == list(Remedy)
     assert [r.applicable for r in remedies] == [False, True, False, True]
+
+
+def test_when_the_pool_binds_after_rung_two_the_flag_and_fp8_come_without_preemption() -> None:
+    """Rung 2 holds max_num_seqs at what the pool fits: nothing preempts and KV usage is well under full, yet
+    requests wait on the pool; the seed's rungs 3 and 4 are for exactly this, and only advise."""
+    engine = kvtune_engine(4)
+    d = diagnose(Window.of(calm(0, 10, running=4, kv=0.6, waiting=6)), engine)
+    assert not d.preempting and not d.saturated
+    bound = replace(d, mean_footprint_concurrency=4)
+    assert pool_binds(bound, engine) and not pool_binds(replace(d, mean_footprint_concurrency=9), engine)
+    assert not pool_binds(replace(bound, waiting_mean=0.0), engine)
+    advice = recommend_fp8_kv(bound, engine, POLICY)
+    assert advice.applicable and advice.evidence.startswith("the pool binds: 6.0 requests wait")
+    assert not recommend_fp8_kv(replace(d, mean_footprint_concurrency=9), engine, POLICY).applicable
