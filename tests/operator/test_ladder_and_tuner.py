@@ -50,6 +50,30 @@ def test_cap_comes_first_when_clients_declare_more_than_they_use() -> None:
     assert [(c.knob, c.value) for c in decision.changes] == [("max_num_seqs", 3)]
 
 
+def test_a_cap_is_kept_when_preemptions_rise_with_the_goodput_held() -> None:
+    # a cap only shortens generations: it cannot make more preemptions. The demo's cap was undone within
+    # 5 s on 1.97 -> 2.21/s (the load warming up); now the rate rising from 5 to 6/s keeps it, and the
+    # next rung starts since it still preempts
+    samples = preempting(0, 10, declared_max=1000)
+    _, state = step(samples, kvtune_engine(), TunerState(), 10)
+    assert state.pending is not None and state.pending.direction == "cap"
+    more = [synthetic(t, preemptions=50 + 6 * (t - 10), generated=5000 + 500 * (t - 10), kv=1.0, running=8,
+                      waiting=5, declared_max=1000) for t in (10, 21)]  # fmt: skip
+    decision, state = step(more, kvtune_engine(cap=250), state, 21)
+    assert all(h.kind != "rolled_back" for h in state.history)
+    assert Remedy.CAP_MAX_TOKENS in state.exhausted
+    assert [(c.knob, c.value) for c in decision.changes] == [("max_num_seqs", 3)]
+
+
+def test_a_cap_is_rolled_back_when_the_goodput_falls_without_fewer_preemptions() -> None:
+    _, state = step(preempting(0, 10, declared_max=1000), kvtune_engine(), TunerState(), 10)
+    worse = [synthetic(t, preemptions=50 + 6 * (t - 10), generated=5000 + 50 * (t - 10), kv=1.0, running=8,
+                       waiting=5, declared_max=1000) for t in (10, 21)]  # fmt: skip
+    decision, state = step(worse, kvtune_engine(cap=250), state, 21)
+    assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_tokens_cap", 250, None)]
+    assert "goodput fell 500 -> 50 tokens/s without fewer preemptions" in decision.changes[0].reason
+
+
 def test_cap_never_below_the_floor() -> None:
     policy = replace(POLICY, cap_floor=400)
     decision, _ = step(preempting(0, 10, declared_max=1000), kvtune_engine(), TunerState(), 10, policy)
