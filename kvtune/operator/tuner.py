@@ -103,6 +103,22 @@ class TunerState:
         pending = replace(self.pending, at=now, held_at=None) if self.pending is not None else None
         return replace(self, pending=pending, last_action_at=now)
 
+    def after_pool_change(self) -> TunerState:
+        """A restart with a different KV pool (FP8 KV, more memory): the max_num_seqs the operator held was
+        sized for the old pool, so it is no longer desired, nor is the seat count seen preempting, and the
+        rung may act again: the engine comes up at its flag, and the first cut and the probe size it for the
+        new pool. (Putting the old value back and creeping up one seat per two windows hid, in the demo,
+        the residency a doubled pool buys.) The cap, sized from the workload's answers, is kept."""
+        pending = self.pending if self.pending is None or self.pending.knob != KNOB_MAX_NUM_SEQS else None
+        return replace(
+            self,
+            pending=pending,
+            unsafe_max_num_seqs=None,
+            unsafe_since=None,
+            exhausted=self.exhausted - {Remedy.LOWER_MAX_NUM_SEQS},
+            desired=tuple((knob, value) for knob, value in self.desired if knob != KNOB_MAX_NUM_SEQS),
+        )
+
 
 @dataclass(frozen=True)
 class Change:
