@@ -407,6 +407,12 @@ def decide(
             return _act(up, "raise", d, state, now)
         if not d.saturated and not pool_binds(d, engine):
             return Decision(d, note="stable"), state
+        if state.rung is None and d.window_seconds < policy.evaluation_window_s:
+            # "no preemption" from a second or two of a full pool is a gap between bursts, not evidence:
+            # the demo's operator, started on a preempting engine, flagged the prefix before capping
+            return Decision(
+                d, note="a full pool: gathering an evaluation window before walking the ladder"
+            ), state
     raised: list[Advice] = []
     for remedy in LADDER:
         if remedy in state.exhausted:

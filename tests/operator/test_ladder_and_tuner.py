@@ -74,6 +74,14 @@ def test_a_cap_is_rolled_back_when_the_goodput_falls_without_fewer_preemptions()
     assert "goodput fell 500 -> 50 tokens/s without fewer preemptions" in decision.changes[0].reason
 
 
+def test_a_full_pool_without_preemption_waits_an_evaluation_window_before_the_first_rung() -> None:
+    # one second of a full pool between preemption bursts is no evidence for the prefix flag or FP8
+    short, _ = step(calm(0, 1, running=4, kv=1.0), kvtune_engine(64), TunerState(), 1)
+    assert short.changes == () and short.advice == () and "gathering" in short.note
+    full, _ = step(calm(0, 10, running=4, kv=1.0), kvtune_engine(64), TunerState(), 10)
+    assert Remedy.RECOMMEND_FP8_KV in [a.remedy for a in full.advice]
+
+
 def test_cap_never_below_the_floor() -> None:
     policy = replace(POLICY, cap_floor=400)
     decision, _ = step(preempting(0, 10, declared_max=1000), kvtune_engine(), TunerState(), 10, policy)
