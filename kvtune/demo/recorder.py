@@ -39,10 +39,12 @@ def _rate(now: Sample, before: Sample | None, key: str) -> float | None:
     return delta / span if span > 0 and delta >= 0 else None
 
 
-def _hit_rate(now: Sample, before: Sample | None) -> float | None:
-    queries = _rate(now, before, m.PREFIX_QUERIES)
-    hits = _rate(now, before, m.PREFIX_HITS)
-    return hits / queries if queries and hits is not None else None
+def _delta(now: Sample, before: Sample | None, key: str) -> float | None:
+    """A counter's increase between two samples; None across a restart (the counter fell)."""
+    if before is None or key not in now.counters or key not in before.counters:
+        return None
+    delta = now.counters[key] - before.counters[key]
+    return delta if delta >= 0 else None
 
 
 @dataclass
@@ -62,10 +64,18 @@ class Recorder:
         with self.lock:
             self.actions.append(action)
 
+    def observe(self, sample: Sample, max_num_seqs: int | None, max_tokens_cap: int | None) -> None:
+        """A Point before the operator runs: the engine in trouble, at the knobs it was started with."""
+        if sample is not self._previous:
+            self._point(sample, max_num_seqs, max_tokens_cap)
+
     def __call__(self, tick: Tick) -> None:
         sample = self.source.last
         if sample is not None and sample is not self._previous:
-            self._point(tick, sample)
+            engine = tick.engine
+            self._point(
+                sample, engine.max_num_seqs if engine else None, engine.max_tokens_cap if engine else None
+            )
         for entry in tick.state.history:
             key = (entry.at, entry.kind, entry.remedy.value, entry.after)
             if key in self._seen:
@@ -79,10 +89,10 @@ class Recorder:
                 self.add_action(Action(round(tick.at - self.started, 1), RUNG_OF_KNOB.get(knob, knob),
                                        "applied", knob, None, value, evidence))  # fmt: skip
 
-    def _point(self, tick: Tick, sample: Sample) -> None:
+    def _point(self, sample: Sample, max_num_seqs: int | None, max_tokens_cap: int | None) -> None:
         before = self._previous
         self._previous = sample
-        engine = tick.engine
+        queries, hits = _delta(sample, before, m.PREFIX_QUERIES), _delta(sample, before, m.PREFIX_HITS)
         preemptions = _rate(sample, before, m.PREEMPTIONS)
         throughput = _rate(sample, before, m.GENERATION_TOKENS)
         point = Point(
@@ -91,11 +101,13 @@ class Recorder:
             kv_usage=sample.gauges.get(m.KV_USAGE),
             preemptions_per_s=None if preemptions is None else round(preemptions, 3),
             throughput=None if throughput is None else round(throughput, 1),
-            hit_rate=_hit_rate(sample, before),
-            max_num_seqs=engine.max_num_seqs if engine else None,
-            max_tokens_cap=engine.max_tokens_cap if engine else None,
+            hit_rate=hits / queries if queries and hits is not None else None,
+            max_num_seqs=max_num_seqs,
+            max_tokens_cap=max_tokens_cap,
             running=sample.gauges.get(m.RUNNING),
             waiting=sample.gauges.get(m.WAITING),
+            prefix_queries=queries,
+            prefix_hits=hits,
         )
         with self.lock:
             self.points.append(point)

@@ -103,9 +103,10 @@ class Demo:
             stack.callback(lambda: load.stop(30))
             stack.callback(_stop_all, engines)  # first: in-flight requests end
             self.view.message("the load is on; the operator starts once the engine is in trouble")
-            self._wait_for_trouble(engines[-1].url)
             source = RecordingSource(MetricsEndpoint(engines[-1].url))
-            recorder = Recorder(source, self.started)
+            recorder = Recorder(source, self.started, phase="0 in trouble")
+            self._wait_for_trouble(source, recorder)
+            recorder.phase = "1 cap max_tokens"
             policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=self.plan.evaluation_s,
                                   cooldown_s=self.plan.evaluation_s, shared_prefix_tokens=SHARED_PROMPT_TOKENS, max_step=START_MAX_NUM_SEQS)  # fmt: skip
             actuator = KvtuneAdminActuator(engines[-1].url, token)
@@ -124,7 +125,7 @@ class Demo:
             )
             recorder.phase = "3 prefix defeat"
             self._sleep(recorder, self.plan.user_reads_s)
-            hit_before = _mean([p.hit_rate for p in recorder.points[-5:]])
+            hit_before = span_hit_rate(recorder.points[-5:])
             where = prefix_where(engines[-1].url)
             layout.move_timestamp()
             recorder.add_action(Action(self.now(), "flag_prefix_defeat", "user", "prompt layout",
@@ -166,18 +167,27 @@ class Demo:
             after = figures(recorder.points, tally.latencies, self.started, settle_from - self.started, None)
             return Timeline(list(recorder.points), list(recorder.actions), before, after, meta)
 
-    def _wait_for_trouble(self, url: str) -> None:
+    def _wait_for_trouble(self, source: RecordingSource, recorder: Recorder) -> None:
         """Until the engine preempts and enough requests finished to size a cap from: the operator then meets
-        the seed's situation (an engine already in trouble), not the cold start before it."""
-        source = MetricsEndpoint(url)
+        the seed's situation (an engine already in trouble), not the cold start before it. Meanwhile the
+        recorder samples the engine every interval from the first second of load: the "before" figures are
+        this engine in trouble, measured, before any action."""
         deadline = time.monotonic() + self.plan.ladder_timeout_s
+        preempted, streak = 0.0, 0  # streak: samples in a row that saw a preemption (a burst, not a blip)
         while time.monotonic() < deadline:
+            tick_started = time.monotonic()
             sample = source.read()
             if not isinstance(sample, NoData):
+                recorder.observe(sample, START_MAX_NUM_SEQS, None)
+                self._refresh(recorder)
                 finished = sample.histograms.get(m.REQUEST_GENERATION_TOKENS)
-                if sample.counters.get(m.PREEMPTIONS, 0) > 0 and finished and finished.count >= MIN_FINISHED:
+                # preempting now, not once at warm-up: the operator's first window must see it, or it reads
+                # a full pool without preemption and flags the prefix before the cap
+                streak = streak + 1 if sample.counters.get(m.PREEMPTIONS, 0) > preempted else 0
+                preempted = sample.counters.get(m.PREEMPTIONS, 0)
+                if streak >= 2 and finished and finished.count >= MIN_FINISHED:
                     return
-            time.sleep(0.5)
+            time.sleep(max(0.0, self.plan.interval_s - (time.monotonic() - tick_started)))
         raise KvtuneError(
             f"the engine did not preempt within {self.plan.ladder_timeout_s:.0f} s: no trouble to fix"
         )
@@ -253,8 +263,10 @@ def prefix_where(url: str) -> str:
 
 def figures(points: list[Point], latencies: list[tuple[float, float]], started: float, t_from: float,
             t_to: float | None) -> Figures:  # fmt: skip
-    """Measured over [t_from, t_to) seconds since the start: mean throughput and hit rate, preemptions
-    counted over the span (per-interval rates x interval), p95 of the client-side request latencies."""
+    """Measured over [t_from, t_to) seconds since the start: mean throughput, preemptions counted over the
+    span (per-interval rates x interval), the hit rate as the span's hit tokens over its looked-up tokens
+    (a mean of per-second ratios would weigh a second with one short prompt like a busy one), p95 of the
+    client-side request latencies."""
     span = [p for p in points if p.t >= t_from and (t_to is None or p.t < t_to)]
     preemptions = None
     if len(span) >= 2:
@@ -267,5 +279,12 @@ def figures(points: list[Point], latencies: list[tuple[float, float]], started: 
         throughput=_mean([p.throughput for p in span]),
         preemptions_last_minute=preemptions,
         p95_latency_s=round(float(np.percentile(done, 95)), 2) if done else None,
-        hit_rate=_mean([p.hit_rate for p in span]),
+        hit_rate=span_hit_rate(span),
     )
+
+
+def span_hit_rate(points: list[Point]) -> float | None:
+    """Prefix-cache hit tokens over looked-up tokens across the points; None when nothing was looked up."""
+    counted = [p for p in points if p.prefix_queries is not None and p.prefix_hits is not None]
+    queries = sum(p.prefix_queries or 0.0 for p in counted)
+    return round(sum(p.prefix_hits or 0.0 for p in counted) / queries, 3) if queries > 0 else None

@@ -27,6 +27,8 @@ class Point:
     max_tokens_cap: int | None  # None: no cap
     running: float | None
     waiting: float | None
+    prefix_queries: float | None = None  # prompt tokens looked up in the prefix cache over the interval
+    prefix_hits: float | None = None  # of those, the tokens found: a span's hit rate is hits / queries
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from kvtune.demo.engine import MODEL_NAME
 
 DECLARED_MAX_TOKENS = 2048
 ANSWER_TOKENS = (224, 288)  # about 256
-SHARED_PROMPT_TOKENS = 96  # six 16-token blocks
-QUESTION_TOKENS = (16, 48)
+SHARED_PROMPT_TOKENS = 320  # 20 16-token blocks: most of each prompt, stored once when it hashes alike
+QUESTION_TOKENS = (8, 24)  # the unique part, short: it bounds the hit rate once the prefix hits
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
 
 
