@@ -150,6 +150,10 @@ class Demo:
                                        f"the user restarted the engine with --kv-cache-dtype fp8 at the same "
                                        f"{self.plan.kv_bytes:,} bytes: KV pool {pool_auto:,} -> {pool_fp8:,} tokens"))  # fmt: skip
             self._sleep(recorder, self.plan.evaluation_s)
+            # the operator re-sizes max_num_seqs for the doubled pool (it may preempt on the way there): the
+            # "after" window starts once it has held still, preemption-free, for two evaluation windows
+            self._wait_until(recorder, lambda: _quiet(recorder, self.now(), 2 * self.plan.evaluation_s),
+                             self.plan.ladder_timeout_s)  # fmt: skip
             recorder.phase = "settled"
             settle_from = time.time()
             self._sleep(recorder, self.plan.settle_s)
@@ -242,6 +246,15 @@ def _stop_all(engines: list[Engine]) -> None:
 def _has(recorder: Recorder, rung: str, kind: str) -> bool:
     with recorder.lock:
         return any(a.rung == rung and a.kind == kind for a in recorder.actions)
+
+
+def _quiet(recorder: Recorder, now: float, seconds: float) -> bool:
+    """No operator action and no preemption in the last `seconds`."""
+    with recorder.lock:
+        recent = [p for p in recorder.points if p.t >= now - seconds]
+        acted = any(a.t >= now - seconds and a.kind != "user" for a in recorder.actions)
+    covered = bool(recent) and recent[0].t <= now - seconds + 2
+    return covered and not acted and all((p.preemptions_per_s or 0.0) == 0.0 for p in recent)
 
 
 def _first_action_t(recorder: Recorder) -> float:
