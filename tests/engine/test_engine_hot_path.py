@@ -67,6 +67,10 @@ class RecordingBackend:
 def mixed_batch(config: Any) -> tuple[Any, KVCache]:
     """Two decodes and two prefill chunks (one over a cached prefix), on scattered blocks."""
     cache = KVCache.for_model(config, BLOCK_SIZE, num_tokens=64 * BLOCK_SIZE)
+    # the decodes and the chunk over a cached prefix read slots an earlier step would have written; the pool
+    # is allocated uninitialised, and stale bytes there can be NaN (a clean-clone run failed on that once)
+    for layer in cache.layers:
+        layer.zero_()
     chunks = [
         ScheduledChunk([5], 20, [3, 9]),
         ScheduledChunk([6], 7, [4]),
