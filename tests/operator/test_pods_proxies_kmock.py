@@ -7,7 +7,6 @@ into the flag rung's evidence, and a replaced pod's proxy gets the cap back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
@@ -19,11 +18,8 @@ from typing import Any
 import kmock
 import pytest
 
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
 from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.policy_tick import Outcome, PolicyMemory, run_once
+from kvtune.operator.policy_tick import PolicyMemory
 from tests.operator.helpers import fixture_text, reply, vllm_asking_long
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube: the emulator fixture)
     DEPLOYMENTS,
@@ -38,7 +34,7 @@ from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube: the emula
     our_events,
     ours,
 )
-from tests.operator.test_pods_kmock import SLICES, free_port
+from tests.operator.test_pods_kmock import SLICES, free_port, reasons, ticks
 
 TOKEN = "proxies-token"
 CAP = 256  # generation p99 ~199 x 1.25, rounded up to 250, then the policy's floor of 256
@@ -204,26 +200,6 @@ def sidecar_spec(workload: SidecarWorkload) -> dict[str, Any]:
         "evaluationWindowSeconds": 30,
         "cooldownSeconds": 0,
     }  # fmt: skip
-
-
-async def ticks(spec: dict[str, Any], memory: PolicyMemory, count: int) -> list[Outcome]:
-    parsed = KVTuningPolicySpec.model_validate(spec)
-    ref = PolicyRef(NS, "llama", "uid-llama")
-
-    def run() -> list[Outcome]:
-        outcomes = []
-        with KubeApi.from_environment() as api:
-            for index in range(count):
-                if index:
-                    time.sleep(0.3)
-                outcomes.append(run_once(api, ref, parsed, memory, time.time()))
-        return outcomes
-
-    return await asyncio.to_thread(run)
-
-
-def reasons(kube: OptimisticEmulator) -> list[str]:  # noqa: F811
-    return [event["reason"] for event in our_events(kube)]
 
 
 def deployment_patches(kube: OptimisticEmulator) -> list[kmock.Request]:  # noqa: F811
