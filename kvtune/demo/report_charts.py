@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvtune.dashboards import panels as p
 from kvtune.dashboards.report import Band, Marker, Series, draw_chart
-from kvtune.demo.report_summary import HIT_RATE_GOAL, action_label
-from kvtune.demo.timeline import Point, Timeline
+from kvtune.demo.report_summary import HIT_RATE_GOAL, action_labels
+from kvtune.demo.timeline import Point, Timeline, span_hit_rate
 
 X_LABEL = "seconds since the demo started"
 REQUESTS = "suffix: requests"
@@ -19,6 +19,11 @@ PREEMPTIONS = "suffix: preemptions/s"
 RATIO_TOP = 1.05  # 1 = 100% stays in view, with the line at 100% off the frame
 # Actions closer than this share of the run share one marker, so their labels do not print over each other.
 CROWDED = 0.015
+# Points further apart than this (s) have a gap between them (the engine restarting): a line across it
+# would draw values nobody measured (max_num_seqs ramping 6 -> 256 over a restart).
+GAP_S = 3.0
+# The hit rate is drawn over a trailing window: a second in which no prompt was admitted looked nothing up.
+HIT_RATE_WINDOW_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -34,11 +39,18 @@ class Chart:
 
 
 def _series(points: list[Point], legend: str, unit: str, value: Callable[[Point], float | None]) -> Series:
-    """A missing value becomes NaN, which matplotlib draws as a gap rather than a fake zero."""
-    values = [value(point) for point in points]
-    return Series(
-        legend, unit, [point.t for point in points], [math.nan if v is None else float(v) for v in values]
-    )
+    """A missing value becomes NaN, which matplotlib draws as a gap rather than a fake zero; so does the
+    time between two points further apart than GAP_S."""
+    times: list[float] = []
+    values: list[float] = []
+    for index, point in enumerate(points):
+        if index and point.t - points[index - 1].t > GAP_S:
+            times.append((point.t + points[index - 1].t) / 2)
+            values.append(math.nan)
+        found = value(point)
+        times.append(point.t)
+        values.append(math.nan if found is None else float(found))
+    return Series(legend, unit, times, values)
 
 
 def _kv_usage(points: list[Point]) -> list[Series]:
@@ -58,10 +70,22 @@ def _throughput(points: list[Point]) -> list[Series]:
     return [_series(points, "generation throughput", "suffix: generated tokens/s", lambda q: q.throughput)]
 
 
+def trailing_hit_rate(points: list[Point], window_s: float = HIT_RATE_WINDOW_S) -> list[float | None]:
+    """At each point, hit tokens over looked-up tokens across the points of the trailing window (None when
+    nothing was looked up in it): how `rate(hits[10s]) / rate(queries[10s])` reads on a dashboard."""
+    return [
+        span_hit_rate([q for q in points[: i + 1] if point.t - q.t < window_s])
+        for i, point in enumerate(points)
+    ]
+
+
 def _hit_rate(points: list[Point]) -> list[Series]:
     ends = [points[0].t, points[-1].t] if points else []
+    smoothed = [replace(q, hit_rate=rate) for q, rate in zip(points, trailing_hit_rate(points), strict=True)]
     return [
-        _series(points, "prefix-cache hit rate", p.RATIO, lambda q: q.hit_rate),
+        _series(
+            smoothed, f"prefix-cache hit rate, last {HIT_RATE_WINDOW_S:.0f} s", p.RATIO, lambda q: q.hit_rate
+        ),
         Series(f"goal: above {HIT_RATE_GOAL:.0%}", p.RATIO, ends, [HIT_RATE_GOAL] * len(ends)),
     ]
 
@@ -119,8 +143,8 @@ def action_markers(timeline: Timeline, span: float) -> list[Marker]:
     """One marker per action; actions within a moment of each other share one, a line of label each (drawn side
     by side), so no label prints over another."""
     markers: list[Marker] = []
-    for action in sorted(timeline.actions, key=lambda a: a.t):
-        label = action_label(action, timeline.meta)
+    actions = sorted(timeline.actions, key=lambda a: a.t)
+    for action, label in zip(actions, action_labels(actions, timeline.meta), strict=True):
         if markers and action.t - markers[-1].at <= CROWDED * span:
             markers[-1] = Marker(markers[-1].at, f"{markers[-1].label}\n{label}")
         else:

@@ -119,6 +119,24 @@ def _pool_ratio(action: Action, meta: dict[str, Any]) -> float | None:
     return None
 
 
+def action_labels(actions: list[Action], meta: dict[str, Any]) -> list[str]:
+    """Each action's label, in order, saying when it repeats an earlier one: the cap the operator puts back
+    on a restarted engine is "cap max_tokens 360 re-applied", not a second decision; a second flag (requests
+    queued before the prompt layout moved still carry the old one) is "flag again: ..."."""
+    labels: list[str] = []
+    seen: set[tuple[str, str, str]] = set()
+    for action in actions:
+        label = action_label(action, meta)
+        key = (action.rung, action.kind, "" if action.kind == "flagged" else str(action.after))
+        if key in seen and action.kind == "applied":
+            label = f"{action.knob or action.rung} {action.after} re-applied"
+        elif key in seen and action.kind == "flagged":
+            label = f"flag again: {label.removeprefix('flag: ')}"
+        seen.add(key)
+        labels.append(label)
+    return labels
+
+
 def action_label(action: Action, meta: dict[str, Any]) -> str:
     """A few words a chart can carry beside the action's line: "cap max_tokens 2048→320", "max_num_seqs
     64→9", "flag: varying_head tokens 0-11", "timestamp moved", "FP8 KV: pool 2x"."""

@@ -25,7 +25,7 @@ import numpy as np
 from kvtune.bench.load import BackgroundLoad
 from kvtune.demo.engine import Engine, EngineSpec
 from kvtune.demo.recorder import Recorder, RecordingSource
-from kvtune.demo.timeline import Action, Figures, Point, Timeline
+from kvtune.demo.timeline import Action, Figures, Point, Timeline, span_hit_rate
 from kvtune.demo.view import LiveView
 from kvtune.demo.workload import (
     ANSWER_TOKENS,
@@ -306,10 +306,3 @@ def figures(points: list[Point], latencies: list[tuple[float, float]], started: 
         p95_latency_s=round(float(np.percentile(done, 95)), 2) if done else None,
         hit_rate=span_hit_rate(span),
     )
-
-
-def span_hit_rate(points: list[Point]) -> float | None:
-    """Prefix-cache hit tokens over looked-up tokens across the points; None when nothing was looked up."""
-    counted = [p for p in points if p.prefix_queries is not None and p.prefix_hits is not None]
-    queries = sum(p.prefix_queries or 0.0 for p in counted)
-    return round(sum(p.prefix_hits or 0.0 for p in counted) / queries, 3) if queries > 0 else None

@@ -86,3 +86,10 @@ class Timeline:
             after=_figures(data.get("after")),
             meta=dict(data.get("meta", {})),
         )
+
+
+def span_hit_rate(points: list[Point]) -> float | None:
+    """Prefix-cache hit tokens over looked-up tokens across the points; None when nothing was looked up."""
+    counted = [p for p in points if p.prefix_queries is not None and p.prefix_hits is not None]
+    queries = sum(p.prefix_queries or 0.0 for p in counted)
+    return round(sum(p.prefix_hits or 0.0 for p in counted) / queries, 3) if queries > 0 else None

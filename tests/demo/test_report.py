@@ -12,12 +12,12 @@ import pytest
 from matplotlib.image import imread
 
 from kvtune.demo.report import MEMORY_MAP, SUMMARY, TIMELINE, write_report
-from kvtune.demo.report_charts import CHARTS, action_markers, phase_bands
-from kvtune.demo.report_summary import action_label, outcome_rows
+from kvtune.demo.report_charts import CHARTS, action_markers, phase_bands, trailing_hit_rate
+from kvtune.demo.report_summary import action_label, action_labels, outcome_rows
 from kvtune.demo.timeline import RUNGS, Action, Figures, Point, Timeline
 
 FLAG_EVIDENCE = (
-    "varying_head: tokens 0-11 vary (a timestamp), then 96 shared tokens; 412 requests, 39,552 tokens lost: "
+    "varying_head: tokens 0-11 vary (a timestamp), then 320 shared tokens; 412 requests, 131,840 tokens lost: "
     "move the varying part after the shared prefix"
 )
 # (phase start, phase, kv usage, preemptions/s, tokens/s, hit rate, max_num_seqs, cap, running, waiting)
@@ -70,7 +70,7 @@ META = {
     "clients": 32,
     "max_tokens_declared": 2048,
     "max_tokens_answered": 256,
-    "shared_prompt_tokens": 96,
+    "shared_prompt_tokens": 320,
     "quick": False,
     "started_at": 1_800_000_000.0,
     "duration_s": 150.0,
@@ -96,6 +96,8 @@ def sample_timeline() -> Timeline:
                 cap,
                 running,
                 waiting,
+                prefix_queries=100.0,
+                prefix_hits=100.0 * hit,
             )
         )
     return Timeline(points, list(ACTIONS), BEFORE, AFTER, dict(META))
@@ -210,3 +212,35 @@ def test_missing_figures_read_n_a_and_nothing_crashes(tmp_path: Path) -> None:
 def test_a_goal_missed_is_said_plainly() -> None:
     worse = Figures(throughput=150.0, preemptions_last_minute=3.0, p95_latency_s=40.0, hit_rate=0.5)
     assert [row.verdict for row in outcome_rows(BEFORE, worse)] == ["not met", "not met", "", "not met"]
+
+
+def test_a_repeated_action_says_so() -> None:
+    """The cap the operator puts back on the restarted engine is not a second decision, and a second flag
+    (prompts queued before the layout moved) is a flag again."""
+    again = [
+        *ACTIONS,
+        Action(
+            96.0, "cap_max_tokens", "applied", "max_tokens_cap", None, 320, "put back on the restarted engine"
+        ),
+        Action(97.0, "flag_prefix_defeat", "flagged", None, None, None, FLAG_EVIDENCE),
+    ]
+    assert action_labels(again, META)[-2:] == [
+        "max_tokens_cap 320 re-applied",
+        "flag again: varying_head tokens 0-11",
+    ]
+    assert action_labels(ACTIONS, META) == [action_label(action, META) for action in ACTIONS]
+
+
+def test_hit_rate_is_drawn_over_a_trailing_window_of_tokens() -> None:
+    def point(t: float, queries: float | None, hits: float | None) -> Point:
+        return Point(t, "3 prefix defeat", None, None, None, None, None, None, None, None, queries, hits)
+
+    points = [
+        point(0, 100, 0),
+        point(1, None, None),
+        point(5, 300, 300),
+        point(11, 0, 0),
+        point(20, None, None),
+    ]
+    # at 11 s the window (1, 11] holds only the 300 hits of 300; at 20 s nothing was looked up in (10, 20]
+    assert trailing_hit_rate(points) == [0.0, 0.0, 0.75, 1.0, None]
