@@ -91,11 +91,14 @@ class LiveView:
                 self.live.console.print(action_line(action))
             self.live.update(_table(point, actions[-1] if actions else None))
             return
-        for action in new:
-            self.message(action_line(action))
+        lines = [(action.t, action_line(action)) for action in new]
         if point is not None and time.monotonic() - self._last_plain >= PLAIN_EVERY_S:
             self._last_plain = time.monotonic()
-            self.message(point_line(point))
+            lines.append((point.t, point_line(point)))
+        for _, line in sorted(
+            lines, key=lambda timed: timed[0]
+        ):  # in time order (a point waits out a restart)
+            self.message(line)
 
     def close(self) -> None:
         if self.live is not None:
