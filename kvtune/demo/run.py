@@ -143,10 +143,11 @@ class Demo:
             )
             recorder.phase = "4 FP8 KV"
             running_before = _mean([p.running for p in recorder.points[-5:]])
+            restarted_at = self.now()  # the user's action: before it, the operator's re-applied cap after it
             engines[-1].stop()
             engines.append(self._boot(spec, "fp8"))
             pool_fp8 = pool_tokens(engines[-1].url)
-            recorder.add_action(Action(self.now(), "recommend_fp8_kv", "user", "kv_cache_dtype", "auto", "fp8",
+            recorder.add_action(Action(restarted_at, "recommend_fp8_kv", "user", "kv_cache_dtype", "auto", "fp8",
                                        f"the user restarted the engine with --kv-cache-dtype fp8 at the same "
                                        f"{self.plan.kv_bytes:,} bytes: KV pool {pool_auto:,} -> {pool_fp8:,} tokens"))  # fmt: skip
             self._sleep(recorder, self.plan.evaluation_s)
