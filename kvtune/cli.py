@@ -16,7 +16,7 @@ from kvtune.errors import KvtuneError
 # verb -> (module, help). A verb's module is imported only when that verb runs (see build_parser).
 VERBS: dict[str, tuple[str, str]] = {
     "sim": ("kvtune.sim.command", "trace-driven KV-cache simulation (no model)"),
-    "demo": ("kvtune.demo", "the main job on the embedded default, with a report"),
+    "demo": ("kvtune.demo.command", "the main job on the embedded default, with a report"),
     "tiny-model": (
         "kvtune.engine_sidecar.tiny_model",
         "write a seeded random-weight Llama checkpoint (HF format)",

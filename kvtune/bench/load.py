@@ -21,6 +21,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -226,6 +227,9 @@ async def run_open_loop(
 
 
 # --- closed loop, until stopped ---------------------------------------------------------------------------
+FAILURE_PAUSE_S = 0.2  # a client whose request failed (an engine restarting) waits this long, not spinning
+
+
 @dataclass(frozen=True)
 class LoadShape:
     clients: int = 16
@@ -233,6 +237,13 @@ class LoadShape:
     output_len: tuple[int, int] = (80, 160)
     model: str = "tiny"
     seed: int = 0
+    # declared max_tokens above the real answer: each request asks for this many, is streamed, and the client
+    # closes the stream after its drawn output length (as `kvtune bench serve --max-tokens`); None: ask for
+    # exactly the drawn length, non-streamed
+    declared_max_tokens: int | None = None
+    # token ids put ahead of each prompt's random part, called per request (the demo's shared system prompt,
+    # whose layout it changes while the load runs); None: all random
+    prompt_head: Callable[[], list[int]] | None = None
 
 
 @dataclass
@@ -241,6 +252,8 @@ class LoadTally:
     completed: int = 0
     generated_tokens: int = 0
     failures: list[str] = field(default_factory=list)
+    # (finished at, seconds) of each completed request, client-side, for latency percentiles over a span
+    latencies: list[tuple[float, float]] = field(default_factory=list)
 
 
 async def _client(
@@ -252,19 +265,26 @@ async def _client(
     tally: LoadTally,
 ) -> None:
     while not stop.is_set():
-        prompt = [rng.randrange(32, 127) for _ in range(rng.randint(*shape.prompt_len))]
+        head = shape.prompt_head() if shape.prompt_head is not None else []
+        prompt = head + [rng.randrange(32, 127) for _ in range(rng.randint(*shape.prompt_len))]
         max_tokens = rng.randint(*shape.output_len)
-        body = {"model": shape.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                "temperature": 0.0}  # fmt: skip
+        body = {"model": shape.model, "prompt": prompt, "max_tokens": shape.declared_max_tokens or max_tokens,
+                "ignore_eos": True, "temperature": 0.0}  # fmt: skip
         tally.sent += 1
-        result = await post_completion(http, url, body)
+        started = time.perf_counter()
+        if shape.declared_max_tokens is None:
+            result = await post_completion(http, url, body)
+        else:
+            result = await stream_completion(http, url, {**body, "stream": True}, read_tokens=max_tokens)
         if not result.ok:
             tally.failures.append(str(result.error))
+            await asyncio.sleep(FAILURE_PAUSE_S)
         elif result.output_tokens != max_tokens:
             tally.failures.append(f"{result.output_tokens} of {max_tokens} tokens generated")
         else:
             tally.completed += 1
             tally.generated_tokens += max_tokens
+            tally.latencies.append((time.time(), time.perf_counter() - started))
 
 
 async def _drive(url: str, shape: LoadShape, stop: threading.Event, tally: LoadTally) -> None:

@@ -9,11 +9,13 @@ import html
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import matplotlib.dates as mdates
+from matplotlib import patheffects
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -31,6 +33,9 @@ AXIS_LABELS = {
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_POINTS = 240
+# Rough sizes, in pixels, to tell whether a band's name fits over it.
+PLOT_WIDTH_PX = 750
+BAND_LABEL_PX_PER_CHAR = 4.5
 
 
 @dataclass(frozen=True)
@@ -116,34 +121,92 @@ def _when(timestamps: list[float]) -> list[float]:
     return [t / SECONDS_PER["d"] for t in timestamps]
 
 
+def _seconds(values: list[float]) -> list[float]:
+    """Plain seconds, drawn as they are."""
+    return list(values)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A moment worth a vertical line and a short label on a chart (an operator's action, say)."""
+
+    at: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Band:
+    """A stretch of time shaded and named at the top of a chart (a phase of the demo, say)."""
+
+    start: float
+    end: float
+    label: str
+
+
 def draw_panel(spec: p.PanelSpec, series: list[Series], window: tuple[float, float], path: Path) -> None:
+    """One dashboard panel as a PNG, over a wall-clock window."""
+    draw_chart(f"{spec.title}  ({TITLES[spec.dashboard_uid]})", spec.unit, series, window, path)
+
+
+def draw_chart(
+    title: str,
+    unit: str,
+    series: list[Series],
+    window: tuple[float, float],
+    path: Path,
+    *,
+    clock: bool = True,
+    x_label: str = "time (UTC)",
+    markers: Sequence[Marker] = (),
+    bands: Sequence[Band] = (),
+    y_max: float | None = None,
+) -> None:
     """One PNG: the title, the unit on each axis, a legend per series beside the plot (never over it), and a
-    second unit (preemptions over a latency) dashed on a right axis."""
+    second unit (preemptions over a latency) dashed on a right axis. `clock` draws x as UTC wall time (unix
+    seconds); without it x is plain seconds (the demo's seconds since it started). Markers and bands name
+    what happened when; a band too narrow for its name shows its first word. `y_max` fixes the left axis's
+    top (a ratio's 1 = 100% in view)."""
+    x = _when if clock else _seconds
     figure = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")  # no pyplot: no global state
     left = figure.subplots()
-    left.set_title(f"{spec.title}  ({TITLES[spec.dashboard_uid]})", fontsize=11)
-    left.set_ylabel(axis_label(spec.unit))
+    left.set_title(title, fontsize=11, pad=14 if bands else 6)  # room for the bands' names above the plot
+    left.set_ylabel(axis_label(unit))
+    span = (window[1] - window[0]) or 1.0
+    for index, band in enumerate(bands):
+        start, end = x([band.start, band.end])
+        left.axvspan(start, end, color="0.5", alpha=0.12 if index % 2 else 0.04, linewidth=0)
+        fits = len(band.label) * BAND_LABEL_PX_PER_CHAR <= PLOT_WIDTH_PX * (band.end - band.start) / span
+        left.annotate(band.label if fits else band.label.split()[0], ((start + end) / 2, 1.0),
+                      xycoords=("data", "axes fraction"), xytext=(0, 2), textcoords="offset points",
+                      ha="center", va="bottom", fontsize=7, color="0.35")  # fmt: skip
     handles: list[Line2D] = []
     for s in series:
-        if s.unit == spec.unit:
-            handles += left.plot(_when(s.times), s.values, "-", color=f"C{len(handles) % 10}", label=s.legend)
-    others = [s for s in series if s.unit != spec.unit]
+        if s.unit == unit:
+            handles += left.plot(x(s.times), s.values, "-", color=f"C{len(handles) % 10}", label=s.legend)
+    others = [s for s in series if s.unit != unit]
     if others:
         right = left.twinx()
         right.set_ylabel(axis_label(others[0].unit))
         for s in others:
             color = f"C{len(handles) % 10}"
-            handles += right.plot(_when(s.times), s.values, "--", color=color, label=s.legend)
+            handles += right.plot(x(s.times), s.values, "--", color=color, label=s.legend)
         right.set_ylim(bottom=0)
+    for marker in markers:
+        (at,) = x([marker.at])
+        left.axvline(at, color="black", linestyle=":", linewidth=1)
+        left.annotate(marker.label, (at, 0.97), xycoords=("data", "axes fraction"), xytext=(-2, 0),
+                      textcoords="offset points", rotation=90, ha="right", va="top", fontsize=8,
+                      path_effects=[patheffects.withStroke(linewidth=3, foreground="white")])  # fmt: skip
     if handles:
         figure.legend(handles=handles, loc="outside right upper", fontsize=8)
     else:
         left.text(0.5, 0.5, "no data in this window", ha="center", va="center", transform=left.transAxes)
-    left.set_xlim(*_when(list(window)))
-    left.set_ylim(bottom=0)
-    left.xaxis_date()
-    left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
-    left.set_xlabel("time (UTC)")
+    left.set_xlim(*x(list(window)))
+    left.set_ylim(bottom=0, top=y_max)
+    if clock:
+        left.xaxis_date()
+        left.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
+    left.set_xlabel(x_label)
     left.grid(alpha=0.3)
     figure.savefig(path)
 

@@ -295,11 +295,25 @@ def flag_prefix_defeat(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -
                   f"{policy.shared_prefix_tokens}-token shared prefix; {cause}")  # fmt: skip
 
 
+def pool_binds(d: Diagnosis, engine: EngineView) -> bool:
+    """After rung 2 has done its work: requests wait while every seat max_num_seqs allows is taken, and
+    max_num_seqs is already what the pool holds at the residents' mean footprint. Nothing preempts and the
+    KV gauge may sit well under full (residents are part-way through their generations), yet the pool,
+    not the scheduler, is what keeps the waiting requests out: the seed's rungs 3 and 4 ("check the prefix
+    cache hit rate before adding hardware", then bytes per token) are for exactly this."""
+    current = engine.max_num_seqs
+    if current is None or (d.waiting_mean or 0.0) < 1.0 or (d.running_max or 0.0) < current:
+        return False
+    sized = d.mean_footprint_concurrency
+    return sized is not None and current >= sized
+
+
 def recommend_fp8_kv(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> Advice:
     dtype = engine.cache_dtype
     if dtype is not None and dtype.startswith("fp8"):
         return Advice(Remedy.RECOMMEND_FP8_KV, False, dtype, None, "KV cache is already FP8")
-    if not (d.preempting or d.saturated):
+    binds = pool_binds(d, engine)
+    if not (d.preempting or d.saturated or binds):
         return Advice(Remedy.RECOMMEND_FP8_KV, False, dtype, None, "no persistent KV pressure")
     pool = engine.pool_tokens
     gain = f"KV pool {pool:,} -> ~{2 * pool:,} tokens" if pool else "about twice the tokens"
@@ -312,10 +326,22 @@ def recommend_fp8_kv(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> 
     )
     return Advice(
         Remedy.RECOMMEND_FP8_KV, True, dtype, "fp8",
-        f"pressure persists (preemption rate {d.preemption_rate or 0:.2f}/s, KV usage max "
-        f"{_ratio(d.kv_usage_max)}); FP8 KV stores 2x the tokens in the same bytes: {gain}. "
+        f"{_pressure(d, engine, binds)}; FP8 KV stores 2x the tokens in the same bytes: {gain}. "
         "Caveat: quantised K/V cost some accuracy; check your evals, prefer calibrated scales. " + applied,
     )  # fmt: skip
+
+
+def _pressure(d: Diagnosis, engine: EngineView, binds: bool) -> str:
+    if d.preempting or d.saturated or not binds:
+        return (
+            f"pressure persists (preemption rate {d.preemption_rate or 0:.2f}/s, KV usage max "
+            f"{_ratio(d.kv_usage_max)})"
+        )
+    return (
+        f"the pool binds: {d.waiting_mean or 0:.1f} requests wait while max_num_seqs {engine.max_num_seqs} is "
+        f"what the pool holds at the mean footprint ({engine.pool_tokens or 0:,} / {d.footprint_mean or 0:,.0f} "
+        "tokens)"
+    )
 
 
 def plan(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> list[Advice]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from kvtune.operator.actuators import Actuator, ActuatorResult
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.restart import drifted, engine_restarted
+from kvtune.operator.restart import drifted, engine_restarted, pool_changed
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricSource
 from kvtune.operator.tuner import Change, Decision, TunerState, Value, decide
@@ -118,8 +118,12 @@ def step(
         logger.warning(
             "engine restarted (%s): dropping the %d samples taken before it", restart, len(samples)
         )
+        resized = pool_changed(samples[-1], result)
         samples.clear()
         state = state.after_engine_restart(now)
+        if resized is not None:
+            logger.warning("%s: max_num_seqs is sized again for the new pool", resized)
+            state = state.after_pool_change()
     samples.append(result)
     current = actuator.current()
     reapplied = reapply_desired(actuator, policy, state, current)

@@ -33,3 +33,12 @@ def drifted(
 ) -> dict[str, int | str | None]:
     """The desired knob values the engine does not hold now (knobs it does not report are left alone)."""
     return {knob: value for knob, value in desired.items() if knob in current and current[knob] != value}
+
+
+def pool_changed(before: Sample, after: Sample) -> str | None:
+    """Why the restarted engine's KV pool differs from the old one's (kv_cache_size_tokens, from
+    vllm:cache_config_info), or None when it is the same or either does not say."""
+    old, new = before.cache_config.get("kv_cache_size_tokens"), after.cache_config.get("kv_cache_size_tokens")
+    if old is None or new is None or old == new:
+        return None
+    return f"KV pool {int(old):,} -> {int(new):,} tokens"

@@ -22,6 +22,7 @@ from kvtune.operator.ladder import (
     cap_max_tokens,
     flag_prefix_defeat,
     lower_max_num_seqs,
+    pool_binds,
     probe_max_num_seqs,
     raise_max_num_seqs,
     recommend_fp8_kv,
@@ -101,6 +102,22 @@ class TunerState:
         only, and the next action waits a cooldown of it (re-applying the desired values is an action)."""
         pending = replace(self.pending, at=now, held_at=None) if self.pending is not None else None
         return replace(self, pending=pending, last_action_at=now)
+
+    def after_pool_change(self) -> TunerState:
+        """A restart with a different KV pool (FP8 KV, more memory): the max_num_seqs the operator held was
+        sized for the old pool, so it is no longer desired, nor is the seat count seen preempting, and the
+        rung may act again: the engine comes up at its flag, and the first cut and the probe size it for the
+        new pool. (Putting the old value back and creeping up one seat per two windows hid, in the demo,
+        the residency a doubled pool buys.) The cap, sized from the workload's answers, is kept."""
+        pending = self.pending if self.pending is None or self.pending.knob != KNOB_MAX_NUM_SEQS else None
+        return replace(
+            self,
+            pending=pending,
+            unsafe_max_num_seqs=None,
+            unsafe_since=None,
+            exhausted=self.exhausted - {Remedy.LOWER_MAX_NUM_SEQS},
+            desired=tuple((knob, value) for knob, value in self.desired if knob != KNOB_MAX_NUM_SEQS),
+        )
 
 
 @dataclass(frozen=True)
@@ -195,12 +212,11 @@ def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
         if goodput_fell:
             return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s"
         return None
-    # fewer residents cannot preempt more: a lowering that still preempts, even at a higher rate than a
-    # before-window that caught the load warming up, is followed by a feedback step down, not undone (the
-    # closed-loop restart test undid 64 -> 10 on 3.08 -> 4.36/s and stayed at 64, the rung exhausted)
-    rose = rate_after > rate_before * (1 + policy.throughput_tolerance) and rate_after > 0
-    if rose and pending.direction != "lower":
-        return f"preemptions rose {rate_before:.2f} -> {rate_after:.2f}/s"
+    # a cap or a lowering cannot preempt more: fewer residents, or shorter generations, hold fewer blocks.
+    # A higher rate than a before-window that caught the load warming up is noise, not the change's doing:
+    # a lowering that still preempts is followed by a feedback step down (the closed-loop restart test undid
+    # 64 -> 10 on 3.08 -> 4.36/s and stayed at 64), and a cap stays (the demo's cap was undone within 5 s on
+    # 1.97 -> 2.21/s). Only the goodput rule can undo them.
     if goodput_fell and rate_after >= rate_before:
         return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s without fewer preemptions"
     return None
@@ -389,8 +405,14 @@ def decide(
         quiet = state.last_action_at is None or now - state.last_action_at >= 2 * policy.evaluation_window_s
         if up.applicable and quiet and _can_apply(up, engine, policy):
             return _act(up, "raise", d, state, now)
-        if not d.saturated:
+        if not d.saturated and not pool_binds(d, engine):
             return Decision(d, note="stable"), state
+        if state.rung is None and d.window_seconds < policy.evaluation_window_s:
+            # "no preemption" from a second or two of a full pool is a gap between bursts, not evidence:
+            # the demo's operator, started on a preempting engine, flagged the prefix before capping
+            return Decision(
+                d, note="a full pool: gathering an evaluation window before walking the ladder"
+            ), state
     raised: list[Advice] = []
     for remedy in LADDER:
         if remedy in state.exhausted:
@@ -406,5 +428,9 @@ def decide(
         new, state = _report(advice, d, state, now)
         if new:
             raised.append(advice)
-    note = "ladder exhausted: pressure persists" if d.preempting or d.saturated else "stable"
+    note = (
+        "ladder exhausted: pressure persists"
+        if d.preempting or d.saturated
+        else ("the pool binds: requests wait for KV room" if pool_binds(d, engine) else "stable")
+    )
     return Decision(d, advice=tuple(raised), note=note), state

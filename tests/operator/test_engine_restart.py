@@ -172,3 +172,38 @@ def test_a_rollback_makes_the_old_value_the_desired_one() -> None:
     state, rollback = _evaluate(pending, worse, POLICY, state, 10.0)
     assert rollback is not None and rollback.value == 12
     assert dict(state.desired) == {KNOB_MAX_NUM_SEQS: 12}
+
+
+def with_pool(sample: Sample, tokens: int) -> Sample:
+    return replace(sample, cache_config={**sample.cache_config, "kv_cache_size_tokens": str(tokens)})
+
+
+def test_a_restart_with_a_different_pool_sizes_max_num_seqs_again_and_keeps_the_cap() -> None:
+    engine, source = Engine({KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None}), Replay()
+    state = TunerState(
+        desired=((KNOB_MAX_NUM_SEQS, 8), (KNOB_MAX_TOKENS_CAP, 300)),
+        unsafe_max_num_seqs=9,
+        unsafe_since=0.0,
+        exhausted=frozenset({Remedy.CAP_MAX_TOKENS, Remedy.LOWER_MAX_NUM_SEQS}),
+    )
+    samples = deque[Sample]([with_pool(preempting(5.0, start=1000.0), 1024)], maxlen=20)
+    engine.values = {KNOB_MAX_NUM_SEQS: 8, KNOB_MAX_TOKENS_CAP: 300}
+    engine.restart()  # FP8 KV at the same bytes: twice the pool
+    source.next = with_pool(preempting(10.0, start=1009.0, base=9.5), 2048)
+    tick = step(source, engine, POLICY, state, samples, 10.0)
+    assert tick.restart is not None
+    assert [(k, v) for k, v, r in tick.reapplied if r.ok] == [(KNOB_MAX_TOKENS_CAP, 300)]
+    assert engine.values == {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: 300}  # its flag, for the first cut
+    assert dict(tick.state.desired) == {KNOB_MAX_TOKENS_CAP: 300}
+    assert tick.state.unsafe_max_num_seqs is None
+    assert tick.state.exhausted == frozenset({Remedy.CAP_MAX_TOKENS})
+
+
+def test_a_restart_with_the_same_pool_keeps_the_desired_max_num_seqs() -> None:
+    engine, source = Engine({KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None}), Replay()
+    state = TunerState(desired=((KNOB_MAX_NUM_SEQS, 8),), unsafe_max_num_seqs=9, unsafe_since=0.0)
+    samples = deque[Sample]([with_pool(preempting(5.0, start=1000.0), 1024)], maxlen=20)
+    source.next = with_pool(preempting(10.0, start=1009.0, base=9.5), 1024)
+    tick = step(source, engine, POLICY, state, samples, 10.0)
+    assert tick.restart is not None and engine.values[KNOB_MAX_NUM_SEQS] == 8
+    assert tick.state.unsafe_max_num_seqs == 9

@@ -8,7 +8,7 @@ from dataclasses import replace
 from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, EngineView
-from kvtune.operator.ladder import Remedy, plan, raise_max_num_seqs
+from kvtune.operator.ladder import Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.tuner import Decision, Figures, Pending, TunerState, decide
@@ -48,6 +48,38 @@ def test_cap_comes_first_when_clients_declare_more_than_they_use() -> None:
     decision, state = step(later, kvtune_engine(cap=250), state, 21)
     assert Remedy.CAP_MAX_TOKENS in state.exhausted
     assert [(c.knob, c.value) for c in decision.changes] == [("max_num_seqs", 3)]
+
+
+def test_a_cap_is_kept_when_preemptions_rise_with_the_goodput_held() -> None:
+    # a cap only shortens generations: it cannot make more preemptions. The demo's cap was undone within
+    # 5 s on 1.97 -> 2.21/s (the load warming up); now the rate rising from 5 to 6/s keeps it, and the
+    # next rung starts since it still preempts
+    samples = preempting(0, 10, declared_max=1000)
+    _, state = step(samples, kvtune_engine(), TunerState(), 10)
+    assert state.pending is not None and state.pending.direction == "cap"
+    more = [synthetic(t, preemptions=50 + 6 * (t - 10), generated=5000 + 500 * (t - 10), kv=1.0, running=8,
+                      waiting=5, declared_max=1000) for t in (10, 21)]  # fmt: skip
+    decision, state = step(more, kvtune_engine(cap=250), state, 21)
+    assert all(h.kind != "rolled_back" for h in state.history)
+    assert Remedy.CAP_MAX_TOKENS in state.exhausted
+    assert [(c.knob, c.value) for c in decision.changes] == [("max_num_seqs", 3)]
+
+
+def test_a_cap_is_rolled_back_when_the_goodput_falls_without_fewer_preemptions() -> None:
+    _, state = step(preempting(0, 10, declared_max=1000), kvtune_engine(), TunerState(), 10)
+    worse = [synthetic(t, preemptions=50 + 6 * (t - 10), generated=5000 + 50 * (t - 10), kv=1.0, running=8,
+                       waiting=5, declared_max=1000) for t in (10, 21)]  # fmt: skip
+    decision, state = step(worse, kvtune_engine(cap=250), state, 21)
+    assert [(c.knob, c.before, c.value) for c in decision.changes] == [("max_tokens_cap", 250, None)]
+    assert "goodput fell 500 -> 50 tokens/s without fewer preemptions" in decision.changes[0].reason
+
+
+def test_a_full_pool_without_preemption_waits_an_evaluation_window_before_the_first_rung() -> None:
+    # one second of a full pool between preemption bursts is no evidence for the prefix flag or FP8
+    short, _ = step(calm(0, 1, running=4, kv=1.0), kvtune_engine(64), TunerState(), 1)
+    assert short.changes == () and short.advice == () and "gathering" in short.note
+    full, _ = step(calm(0, 10, running=4, kv=1.0), kvtune_engine(64), TunerState(), 10)
+    assert Remedy.RECOMMEND_FP8_KV in [a.remedy for a in full.advice]
 
 
 def test_cap_never_below_the_floor() -> None:
@@ -270,3 +302,17 @@ def test_plan_lists_every_rung_in_ladder_order() -> None:
     remedies = plan(d, kvtune_engine(), POLICY)
     assert [r.remedy for r in remedies] == list(Remedy)
     assert [r.applicable for r in remedies] == [False, True, False, True]
+
+
+def test_when_the_pool_binds_after_rung_two_the_flag_and_fp8_come_without_preemption() -> None:
+    """Rung 2 holds max_num_seqs at what the pool fits: nothing preempts and KV usage is well under full, yet
+    requests wait on the pool; the seed's rungs 3 and 4 are for exactly this, and only advise."""
+    engine = kvtune_engine(4)
+    d = diagnose(Window.of(calm(0, 10, running=4, kv=0.6, waiting=6)), engine)
+    assert not d.preempting and not d.saturated
+    bound = replace(d, mean_footprint_concurrency=4)
+    assert pool_binds(bound, engine) and not pool_binds(replace(d, mean_footprint_concurrency=9), engine)
+    assert not pool_binds(replace(bound, waiting_mean=0.0), engine)
+    advice = recommend_fp8_kv(bound, engine, POLICY)
+    assert advice.applicable and advice.evidence.startswith("the pool binds: 6.0 requests wait")
+    assert not recommend_fp8_kv(replace(d, mean_footprint_concurrency=9), engine, POLICY).applicable

@@ -1,0 +1,59 @@
+"""`kvtune demo [--quick] [--out DIR] [--port N]`: the live demo, then its report; Ctrl-C or SIGTERM stop
+every child it started (the engine's process group) before it exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from kvtune.demo.engine import check_port_free, free_port
+from kvtune.demo.run import FULL, QUICK, Demo
+from kvtune.demo.timeline import Timeline
+from kvtune.demo.view import LiveView
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="a shortened demo (for tests): shorter windows")
+    p.add_argument("--out", type=Path, default=Path("demo-report"), help="the report's folder")
+    p.add_argument("--port", type=int, help="the engine's port (default: a free one)")
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def write_outputs(timeline: Timeline, out_dir: Path) -> Path:
+    """timeline.json always (the run's raw record); the report from kvtune.demo.report."""
+    (out_dir / "timeline.json").write_text(json.dumps(timeline.to_json(), indent=2) + "\n")
+    from kvtune.demo.report import write_report  # type: ignore[import-not-found,unused-ignore]
+
+    path: Path = write_report(timeline, out_dir)
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    port = args.port if args.port is not None else free_port()
+    check_port_free(port)
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "children.txt").write_text("")
+    signal.signal(signal.SIGTERM, _interrupt)
+    operator_log = logging.getLogger("kvtune.operator")  # its lines go to a file, not over the live view
+    operator_log.addHandler(logging.FileHandler(out_dir / "operator.log"))
+    operator_log.setLevel(logging.INFO)
+    operator_log.propagate = False
+    view = LiveView()
+    try:
+        timeline = Demo(QUICK if args.quick else FULL, port, out_dir, view, args.quick).run()
+    finally:
+        view.close()
+    before, after = timeline.before, timeline.after
+    print(f"before: {before}\nafter:  {after}\nduration {timeline.meta['duration_s']} s", flush=True)
+    path = write_outputs(timeline, out_dir)
+    sys.stdout.write(f"report: {path}\n")
+    return 0

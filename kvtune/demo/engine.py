@@ -1,0 +1,124 @@
+"""The demo's engine: `kvtune serve --tiny` as a child process in its own process group, so stopping it
+stops everything it started, on a port checked free first; a boot that fails is one clear line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from kvtune.bench.engine_process import kvtune_command
+from kvtune.errors import KvtuneError
+
+BOOT_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 3.0  # uvicorn waits for open streams; the demo's clients retry
+MODEL_NAME = "tiny"
+
+
+def check_port_free(port: int) -> None:
+    """One clear line when something already listens on `port` (the engine would fail later, less clearly)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no use
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise KvtuneError(
+                f"port {port} is in use ({err.strerror}): pass --port with a free one"
+            ) from None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    port: int
+    token_file: Path
+    log: Path
+    kv_cache_memory_bytes: int
+    max_num_seqs: int
+    dtype: str
+    threads: int
+
+    def command(self, kv_cache_dtype: str) -> list[str]:
+        return kvtune_command(
+            "serve", "--tiny", "--served-model-name", MODEL_NAME, "--port", str(self.port),
+            "--admin-token-file", str(self.token_file), "--log-stats-interval", "0",
+            "--threads", str(self.threads), "--dtype", self.dtype,
+            "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes), "--kv-cache-dtype", kv_cache_dtype,
+            "--max-num-seqs", str(self.max_num_seqs), "--max-waiting-requests", "-1",
+        )  # fmt: skip
+
+
+class Engine:
+    """One running engine process; `stop()` ends its whole process group and waits for the port to close."""
+
+    def __init__(self, spec: EngineSpec, kv_cache_dtype: str) -> None:
+        self.spec = spec
+        self.kv_cache_dtype = kv_cache_dtype
+        self.url = f"http://127.0.0.1:{spec.port}"
+        check_port_free(spec.port)
+        with spec.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                spec.command(kv_cache_dtype), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise KvtuneError(f"the engine exited while booting: {last_line(self.spec.log)}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise KvtuneError(f"the engine did not answer within {BOOT_TIMEOUT_S:.0f} s (log: {self.spec.log})")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(STOP_TIMEOUT_S)
+        _signal_group(self.process.pid, signal.SIGKILL)  # anything the engine itself left in its group
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def last_line(log: Path) -> str:
+    """The engine's last log line (its error), with the make target when a build step is what is missing."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    line = lines[-1].strip() if lines else f"no output (log: {log})"
+    if "kernel" in line.lower() and ("build" in line.lower() or "not found" in line.lower()):
+        line += " (run `make demo` or `make unit`: the Makefile's $(STAMP) step builds the CPU kernel)"
+    return line

@@ -1,0 +1,55 @@
+"""`kvtune demo --quick` end to end, as a subprocess: the ladder's order, preemptions gone at the end, the
+report's files, and no child process or open port left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from kvtune.demo.timeline import RUNGS
+
+DEMO_TIMEOUT_S = 240
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_demo_quick_walks_the_ladder_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-m", "kvtune.cli", "demo", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=DEMO_TIMEOUT_S, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("report: ")
+
+    summary = json.loads((out / "summary.json").read_text())
+    first_seen = [a["rung"] for a in summary["actions"]]
+    order = [rung for i, rung in enumerate(first_seen) if rung not in first_seen[:i]]
+    assert order == list(RUNGS)
+    assert summary["after"]["preemptions_last_minute"] == 0
+    assert summary["before"]["preemptions_last_minute"] > 0
+    for name in ("index.html", "summary.json"):
+        assert (out / name).is_file()
+    assert list(out.glob("*.png"))
+
+    timeline = json.loads((out / "timeline.json").read_text())
+    pids = [int(p) for p in (out / "children.txt").read_text().split()]
+    assert pids == timeline["meta"]["engine_pids"] and len(pids) == 2  # the first engine and the fp8 one
+    assert not [pid for pid in pids if _alive(pid)]
+    assert not _port_open(timeline["meta"]["port"])
