@@ -1,7 +1,11 @@
-"""`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on the tiny checkpoint, alternating.
+"""`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on a tiny-model checkpoint, alternating.
+
+`--model tiny` (the default, ~2.4M parameters) is overhead-bound: a step's time goes to the engine's own
+bookkeeping, sampling and HTTP side. `--model small` (~136M parameters) is compute-bound: the matmuls
+dominate. The two bound the engine from both sides.
 
 Both servers run as subprocesses on the same checkpoint (written by the tiny-model code into a cache
-folder), in one dtype (`--dtype`, float32 by default), with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
+folder, one per model), in one dtype (`--dtype`, float32 by default), with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
 adds its null block), block size 32, max_num_seqs 64, max_model_len 4096, the same max_num_batched_tokens
 (vLLM's CPU default, 2048) and prefix caching on. The runs alternate kvtune, vLLM, kvtune, vLLM, ... so a
 drift in machine load hits both sides alike; boot is never timed.
@@ -40,12 +44,71 @@ from kvtune.errors import KvtuneError
 SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
 DTYPES = ("float32", "bfloat16")
+MODELS = ("tiny", "small")  # kvtune.engine_sidecar.tiny_model.MODEL_SIZES, named here without importing torch
 
 
-def section_name(dtype: str, no_prefix_detector: bool = False) -> str:
-    """One BENCHMARKS.md section per dtype; float32 keeps the section's original name. A run without the
-    prefix-defeat detector (the cost A/B) gets a section of its own beside the default one."""
-    name = SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+@dataclass(frozen=True)
+class Workload:
+    """What the batch is and the pool it runs in, unless a flag says otherwise."""
+
+    num_requests: int
+    prompt_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+    kv_cache_tokens: int = 32_768
+    block_size: int = 32
+    max_num_seqs: int = 64
+
+
+# The issue's comparison (issue 17): 96 requests at once, prompts 300-700, outputs 500-1,500 with
+# ignore_eos, a 32,768-token pool, block 32, max_num_seqs 64.
+ISSUE17 = Workload(num_requests=96, prompt_tokens=(300, 700), output_tokens=(500, 1500))
+# The small model costs ~270 MFLOP a token (~60x the tiny one): the issue's batch (~48,000 prompt and
+# ~96,000 output tokens, ~39 TFLOP) would take an estimated ~10 minutes a run on 2 AVX2 cores, most of an
+# hour for two rounds, so its default batch is a third as many requests with a fifth of the output (~6
+# TFLOP), the same for both servers. `--workload issue17` runs the issue's batch on it anyway.
+SMALL_DEFAULT = Workload(num_requests=32, prompt_tokens=(300, 700), output_tokens=(100, 300))
+MODEL_WORKLOADS = {"tiny": ISSUE17, "small": SMALL_DEFAULT}
+WORKLOADS = {"default": None, "issue17": ISSUE17}  # default: the --model's own
+
+
+def chosen_workload(args: argparse.Namespace) -> Workload:
+    return WORKLOADS[args.workload] or MODEL_WORKLOADS[args.model]
+
+
+def apply_workload_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill every workload flag left unset from the chosen workload (explicit flags win); idempotent."""
+    chosen = chosen_workload(args)
+    for name in (
+        "num_requests",
+        "prompt_tokens",
+        "output_tokens",
+        "kv_cache_tokens",
+        "block_size",
+        "max_num_seqs",
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(chosen, name))
+    return args
+
+
+def is_default_workload(args: argparse.Namespace) -> bool:
+    """Whether the batch run is exactly the chosen workload (the section then names it as such)."""
+    chosen = chosen_workload(args)
+    return (args.num_requests, tuple(args.prompt_tokens), tuple(args.output_tokens)) == (
+        chosen.num_requests,
+        chosen.prompt_tokens,
+        chosen.output_tokens,
+    )
+
+
+def section_name(dtype: str, no_prefix_detector: bool = False, model: str = "tiny") -> str:
+    """One BENCHMARKS.md section per model and dtype. The tiny model keeps the names recorded before there
+    was a second model (float32 keeps the section's original name); the small one always names both. A run
+    without the prefix-defeat detector (the cost A/B) gets a section of its own beside the default one."""
+    if model == "tiny":
+        name = SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+    else:
+        name = f"{SECTION}-{model}-{dtype}"
     return f"{name}-no-prefix-detector" if no_prefix_detector else name
 
 
@@ -54,28 +117,73 @@ KVTUNE = "kvtune"
 VLLM = "vLLM"
 
 
-def default_model_dir() -> Path:
-    """Where the comparison keeps its tiny checkpoint (written once by the tiny-model code, then reused)."""
+def default_model_dir(model: str = "tiny") -> Path:
+    """Where the comparison keeps each model's checkpoint (written once by the tiny-model code, then
+    reused); the tiny one's folder is the one it always had."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "kvtune" / "bench-engine-tiny"
+    return Path(cache) / "kvtune" / f"bench-engine-{model}"
+
+
+def _range(workload: Workload, name: str) -> str:
+    low, high = getattr(workload, name)
+    return f"{low}-{high}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    tiny, small = ISSUE17, SMALL_DEFAULT
     parser.add_argument(
-        "--model-dir", type=Path, help=f"tiny checkpoint folder (default: {default_model_dir()})"
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="tiny (`kvtune tiny-model`, ~2.4M parameters: overhead-bound) or small (`kvtune tiny-model "
+        "--size small`, ~136M parameters: compute-bound). Each has its default workload: tiny the issue's "
+        f"({tiny.num_requests} requests, outputs {_range(tiny, 'output_tokens')}); small "
+        f"{small.num_requests} requests with outputs {_range(small, 'output_tokens')}, because one of its "
+        "tokens costs ~60x a tiny one (~270 MFLOP)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        help=f"checkpoint folder (default: {default_model_dir('MODEL')}, written on first use)",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="default",
+        help="default: the --model's own; issue17: the issue's on either model (96 requests, prompts "
+        "300-700, outputs 500-1500, ignore_eos, pool 32,768, block 32, max_num_seqs 64). The flags below "
+        "override single values",
     )
     parser.add_argument("--rounds", type=int, default=2, help="kvtune+vLLM pairs, alternating")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="what both servers compute in")
-    parser.add_argument("--kv-cache-tokens", type=int, default=65_536, help="usable KV pool of each server")
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        help=f"usable KV pool of each server (default {tiny.kv_cache_tokens:,})",
+    )
+    parser.add_argument("--block-size", type=int, help=f"default {tiny.block_size}")
+    parser.add_argument("--max-num-seqs", type=int, help=f"default {tiny.max_num_seqs}")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=2048, help="both servers (vLLM's CPU default)"
     )
-    parser.add_argument("--num-requests", type=int, default=96)
-    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(300, 700), metavar=("LO", "HI"))
-    parser.add_argument("--output-tokens", type=int, nargs=2, default=(500, 1500), metavar=("LO", "HI"))
+    parser.add_argument(
+        "--num-requests", type=int, help=f"default: {tiny.num_requests} (tiny), {small.num_requests} (small)"
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help=f"default: {_range(tiny, 'prompt_tokens')} for both models",
+    )
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help=f"default: {_range(tiny, 'output_tokens')} (tiny), {_range(small, 'output_tokens')} (small)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the request list's seed")
     parser.add_argument(
         "--kvtune-threads", type=int, help="kvtune serve --threads (default: kvtune's own, every core)"
@@ -101,6 +209,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def validate(args: argparse.Namespace) -> None:
+    """Fill the workload's defaults for the chosen model, then check every value."""
+    apply_workload_defaults(args)
     if args.rounds < 1:
         raise KvtuneError(f"--rounds must be at least 1, got {args.rounds}")
     if args.num_requests < 1:
@@ -271,18 +381,18 @@ def format_section(
     low_o, high_o = args.output_tokens
     body = [
         "## kvtune serve against vLLM (`kvtune bench engine"
+        + ("" if args.model == "tiny" else f" --model {args.model}")
         + ("" if args.dtype == "float32" else f" --dtype {args.dtype}")
         + (" --no-prefix-detector" if args.no_prefix_detector else "")
         + "`)",
         "",
-        f"Method: the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads) served "
-        f"by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
+        f"Method: {model_description(args.model)} served by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
         f"{versions.get('torch', '?')}), each as a subprocess, alternating kvtune, vLLM, ... for "
         f"{args.rounds} rounds. Both: {args.dtype}, {args.kv_cache_tokens:,} usable KV tokens (vLLM "
         f"`--kv-cache-memory-bytes` sized for that plus its null block), block size {args.block_size}, "
         f"max_num_seqs {args.max_num_seqs}, max_model_len {args.max_model_len}, max_num_batched_tokens "
         f"{args.max_num_batched_tokens}, prefix caching on; kvtune's prefix-defeat detector "
-        f"{'off (--no-prefix-detector)' if args.no_prefix_detector else 'on'}. Workload: {args.num_requests} requests sent at "
+        f"{'off (--no-prefix-detector)' if args.no_prefix_detector else 'on'}. Workload{_workload_origin(args)}: {args.num_requests} requests sent at "
         f"once, random token-id prompts of {low_p}–{high_p} tokens, {low_o}–{high_o} output tokens with "
         f"`ignore_eos`, greedy, seed {args.seed} — the same request list for both. Client: "
         "`kvtune.bench.load.run_batch`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
@@ -295,6 +405,27 @@ def format_section(
     if notes:
         body += ["", *notes]
     return "\n".join(body)
+
+
+def model_description(model: str) -> str:
+    """The checkpoint in words, with its shape and honest parameter count (for the recorded section)."""
+    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, describe
+
+    command = "`kvtune tiny-model`" if model == "tiny" else f"`kvtune tiny-model --size {model}`"
+    return f"the {model} checkpoint ({command}: {describe(MODEL_SIZES[model])})"
+
+
+def _workload_origin(args: argparse.Namespace) -> str:
+    if not is_default_workload(args):
+        return " (set by flags)"
+    if chosen_workload(args) == ISSUE17:
+        return " (the issue's)"
+    return (
+        f" (the {args.model} model's default, smaller than the issue's {ISSUE17.num_requests} requests with "
+        f"{ISSUE17.output_tokens[0]:,}–{ISSUE17.output_tokens[1]:,} outputs: a token costs ~270 MFLOP, ~60× a "
+        "tiny one, and the issue's batch, ~39 TFLOP a run, would take an estimated ~10 minutes a run on 2 "
+        "cores; `--workload issue17` runs it)"
+    )
 
 
 # --- servers ---------------------------------------------------------------------------------------------
@@ -366,13 +497,34 @@ class KvtuneServer:
         self.stop()
 
 
-def ensure_model(model_dir: Path) -> Path:
+def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
+    """`model_dir`, with the `model`-size checkpoint written into it first if it holds none."""
     if not (model_dir / "config.json").is_file():
-        from kvtune.engine_sidecar.tiny_model import write_tiny_model
+        from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, write_tiny_model
 
-        print(f"writing the tiny checkpoint to {model_dir}", file=sys.stderr)
-        write_tiny_model(model_dir)
+        print(f"writing the {model} checkpoint to {model_dir}", file=sys.stderr)
+        write_tiny_model(model_dir, MODEL_SIZES[model])
     return model_dir
+
+
+def check_model_shape(model_dir: Path, model: str) -> None:
+    """The recorded section names the model and its parameter count, so a folder holding another shape
+    (`--model small --model-dir` at the tiny one's folder) is a clear error, not a mislabelled benchmark."""
+    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES
+
+    spec = MODEL_SIZES[model]
+    config_path = model_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        shape = (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise KvtuneError(f"{config_path}: not a readable checkpoint config ({err})") from err
+    expected = (spec.num_layers, spec.hidden_size, spec.intermediate_size)
+    if tuple(shape) != expected:
+        raise KvtuneError(
+            f"{model_dir} holds a model with (layers, hidden, intermediate) = {tuple(shape)}, not the {model} "
+            f"model's {expected}: pass --model-dir a folder for the {model} model, or an empty one"
+        )
 
 
 def _timed_load(
@@ -489,8 +641,10 @@ def _measure(args: argparse.Namespace, venv: Path) -> list[RunResult]:
     if not is_installed(venv):
         print(f"installing vLLM's CPU build into {venv} (once; a few GB, several minutes)", file=sys.stderr)
         ensure_venv(venv)
-    model_dir = ensure_model(args.model_dir or default_model_dir())
-    log_dir = args.log_dir or model_dir.parent / "bench-engine-logs"
+    model_dir = ensure_model(args.model_dir or default_model_dir(args.model), args.model)
+    check_model_shape(model_dir, args.model)
+    logs = "bench-engine-logs" if args.model == "tiny" else f"bench-engine-{args.model}-logs"
+    log_dir = args.log_dir or model_dir.parent / logs
     runs: list[RunResult] = []
     for _ in range(args.rounds):
         for server in (KVTUNE, VLLM):
@@ -535,6 +689,6 @@ def run(args: argparse.Namespace) -> int:
             versions=installed_versions(venv),
             notes=fairness_notes(args) + _read_notes(args.notes_file),
         )
-        record_section(section_name(args.dtype, args.no_prefix_detector), section, args.output)
+        record_section(section_name(args.dtype, args.no_prefix_detector, args.model), section, args.output)
         print(f"recorded in {args.output}", file=sys.stderr)
     return 0
