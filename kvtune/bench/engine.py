@@ -38,6 +38,7 @@ from pathlib import Path
 
 from kvtune.bench.load import BatchSpec, LoadResult, batch_bodies, run_batch
 from kvtune.bench.local_http import free_port, health_ok
+from kvtune.bench.process_memory import PeakMemory
 from kvtune.bench.vllm_cpu import VllmServerConfig
 from kvtune.errors import KvtuneError
 
@@ -305,6 +306,7 @@ class RunResult:
     load_after: float
     boot_s: float
     detector_seconds: float | None = None  # kvtune's prefix-defeat detector, during the batch
+    peak_pss_mib: float | None = None  # the server's process group, summed PSS, peak during the batch
 
 
 @dataclass
@@ -316,6 +318,18 @@ class Summary:
     def __post_init__(self) -> None:
         self.kvtune_median = _median([r.tokens_per_s for r in self.runs if r.server == KVTUNE])
         self.vllm_median = _median([r.tokens_per_s for r in self.runs if r.server == VLLM])
+
+    def _memory(self, server: str) -> float | None:
+        seen = [r.peak_pss_mib for r in self.runs if r.server == server and r.peak_pss_mib is not None]
+        return _median(seen) if seen else None
+
+    @property
+    def kvtune_memory(self) -> float | None:
+        return self._memory(KVTUNE)
+
+    @property
+    def vllm_memory(self) -> float | None:
+        return self._memory(VLLM)
 
     @property
     def ratio(self) -> float:
@@ -334,15 +348,15 @@ def format_table(summary: Summary) -> str:
     """Markdown: one row per run, then each side's median and the ratio."""
     lines = [
         "| run | server | threads | completed | generated tokens | duration (s) | tokens/s | preemptions "
-        "| load avg (1 min) before → after |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| peak memory (PSS, MiB) | load avg (1 min) before → after |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in summary.runs:
         completed = f"{r.completed}" if not r.failed else f"{r.completed} ({r.failed} failed)"
         lines.append(
             f"| {r.index} | {r.server} | {r.threads} | {completed} | {r.generated_tokens:,} | "
             f"{r.duration_s:,.1f} | {r.tokens_per_s:,.1f} | {_preemptions(r.preemptions)} | "
-            f"{r.load_before:.2f} → {r.load_after:.2f} |"
+            f"{_mib(r.peak_pss_mib)} | {r.load_before:.2f} → {r.load_after:.2f} |"
         )
     lines += [
         "",
@@ -350,6 +364,7 @@ def format_table(summary: Summary) -> str:
         "|---|---:|---:|",
         f"| median tokens/s | {summary.kvtune_median:,.1f} | {summary.vllm_median:,.1f} |",
         f"| preemptions per run | {_side_preemptions(summary, KVTUNE)} | {_side_preemptions(summary, VLLM)} |",
+        f"| median peak memory (PSS, MiB) | {_mib(summary.kvtune_memory)} | {_mib(summary.vllm_memory)} |",
         f"| **kvtune / vLLM** | **{summary.ratio:.2f}×** | |",
     ]
     watched = [(r.detector_seconds, r.duration_s) for r in summary.runs if r.detector_seconds is not None]
@@ -359,6 +374,10 @@ def format_table(summary: Summary) -> str:
         )
         lines += ["", f"kvtune's prefix-defeat detector, time spent judging prompts per run: {shares}."]
     return "\n".join(lines)
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
 
 
 def _side_preemptions(summary: Summary, server: str) -> str:
@@ -545,9 +564,10 @@ def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index:
     with KvtuneServer(kvtune_command(args, model_dir, port), port, log_path) as server:
         server.wait_ready(args.boot_timeout)
         boot_s = time.perf_counter() - boot_start
-        before, after, result = _timed_load(server.url, load_spec(args), KVTUNE, server.log_tail)
+        with PeakMemory(server.process.pid) as peak:
+            before, after, result = _timed_load(server.url, load_spec(args), KVTUNE, server.log_tail)
     threads = f"--threads {args.kvtune_threads}" if args.kvtune_threads else f"default ({os.cpu_count()})"
-    return _result(index, KVTUNE, threads, result, before, after, boot_s)
+    return _result(index, KVTUNE, threads, result, before, after, boot_s, peak.bytes)
 
 
 def _run_vllm(args: argparse.Namespace, model_dir: Path, log_dir: Path, venv: Path, index: int) -> RunResult:
@@ -559,15 +579,23 @@ def _run_vllm(args: argparse.Namespace, model_dir: Path, log_dir: Path, venv: Pa
         config, venv_dir=venv, log_path=log_dir / f"vllm-run{index}.log", timeout_s=args.boot_timeout
     ) as server:
         boot_s = time.perf_counter() - boot_start
-        before, after, result = _timed_load(server.url, load_spec(args), VLLM, server.log_tail)
+        with PeakMemory(server.process.pid) as peak:
+            before, after, result = _timed_load(server.url, load_spec(args), VLLM, server.log_tail)
     threads = f"{args.vllm_threads} (bound)" if args.vllm_threads else "auto (1 of 2 on 2 cores)"
     if args.vllm_threads is None and os.cpu_count() != 2:
         threads = "auto"
-    return _result(index, VLLM, threads, result, before, after, boot_s)
+    return _result(index, VLLM, threads, result, before, after, boot_s, peak.bytes)
 
 
 def _result(
-    index: int, server: str, threads: str, result: LoadResult, before: float, after: float, boot_s: float
+    index: int,
+    server: str,
+    threads: str,
+    result: LoadResult,
+    before: float,
+    after: float,
+    boot_s: float,
+    peak_bytes: int | None = None,
 ) -> RunResult:
     if result.failed:
         print(
@@ -588,6 +616,7 @@ def _result(
         load_before=before,
         load_after=after,
         boot_s=boot_s,
+        peak_pss_mib=None if peak_bytes is None else round(peak_bytes / 2**20, 1),
     )
 
 

@@ -142,15 +142,18 @@ def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
 
 
 def test_table_medians_and_ratio() -> None:
-    summary = Summary([_run(1, KVTUNE, 900.0, 3), _run(2, VLLM, 1000.0, 0), _run(3, KVTUNE, 700.0, 5)])
-    summary.runs.append(_run(4, VLLM, 1200.0, None))
+    with_memory = RunResult(**{**_run(3, KVTUNE, 700.0, 5).__dict__, "peak_pss_mib": 812.4})
+    summary = Summary([_run(1, KVTUNE, 900.0, 3), _run(2, VLLM, 1000.0, 0), with_memory])
+    summary.runs.append(RunResult(**{**_run(4, VLLM, 1200.0, None).__dict__, "peak_pss_mib": 1500.0}))
     summary = Summary(summary.runs)
     assert summary.kvtune_median == 800.0
     assert summary.vllm_median == 1100.0
     assert summary.ratio == pytest.approx(800 / 1100)
     table = format_table(summary)
-    assert "| 1 | kvtune | default (2) | 96 | 96,000 | 106.7 | 900.0 | 3 | 1.00 → 2.00 |" in table
-    assert "| 4 | vLLM | auto (1 of 2 on 2 cores) | 96 | 96,000 | 80.0 | 1,200.0 | n/a |" in table
+    assert "| 1 | kvtune | default (2) | 96 | 96,000 | 106.7 | 900.0 | 3 | n/a | 1.00 → 2.00 |" in table
+    assert "| 3 | kvtune | default (2) | 96 | 96,000 | 137.1 | 700.0 | 5 | 812 | 1.00 → 2.00 |" in table
+    assert "| 4 | vLLM | auto (1 of 2 on 2 cores) | 96 | 96,000 | 80.0 | 1,200.0 | n/a | 1,500 |" in table
+    assert "| median peak memory (PSS, MiB) | 812 | 1,500 |" in table  # only runs that measured it
     assert "| median tokens/s | 800.0 | 1,100.0 |" in table
     assert "| preemptions per run | 3, 5 | 0, n/a |" in table
     assert "**0.73×**" in table
