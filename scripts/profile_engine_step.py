@@ -122,7 +122,8 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
             eng.step()
     prof_step = (time.perf_counter() - t0) / steps
 print(
-    f"step (no profiler): {plain * 1000:.1f} ms, {64 / plain:.0f} tok/s; with profiler {prof_step * 1000:.1f} ms"
+    f"step (no profiler): {plain * 1000:.1f} ms, {len(eng.scheduler.running) / plain:.0f} decode tok/s at "
+    f"{len(eng.scheduler.running)} running; with profiler {prof_step * 1000:.1f} ms"
 )
 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
