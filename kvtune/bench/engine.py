@@ -1,7 +1,11 @@
-"""`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on the tiny checkpoint, alternating.
+"""`kvtune bench engine`: `kvtune serve` against vLLM's CPU build on a tiny-model checkpoint, alternating.
+
+`--model tiny` (the default, ~2.4M parameters) is overhead-bound: a step's time goes to the engine's own
+bookkeeping, sampling and HTTP side. `--model small` (~136M parameters) is compute-bound: the matmuls
+dominate. The two bound the engine from both sides.
 
 Both servers run as subprocesses on the same checkpoint (written by the tiny-model code into a cache
-folder), in one dtype (`--dtype`, float32 by default), with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
+folder, one per model), in one dtype (`--dtype`, float32 by default), with the same usable KV pool in tokens (vLLM sized by `kvtune.bench.vllm_cpu`, which
 adds its null block), block size 32, max_num_seqs 64, max_model_len 4096, the same max_num_batched_tokens
 (vLLM's CPU default, 2048) and prefix caching on. The runs alternate kvtune, vLLM, kvtune, vLLM, ... so a
 drift in machine load hits both sides alike; boot is never timed.
@@ -34,18 +38,78 @@ from pathlib import Path
 
 from kvtune.bench.load import BatchSpec, LoadResult, batch_bodies, run_batch
 from kvtune.bench.local_http import free_port, health_ok
+from kvtune.bench.process_memory import PeakMemory
 from kvtune.bench.vllm_cpu import VllmServerConfig
 from kvtune.errors import KvtuneError
 
 SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
 DTYPES = ("float32", "bfloat16")
+MODELS = ("tiny", "small")  # kvtune.engine_sidecar.tiny_model.MODEL_SIZES, named here without importing torch
 
 
-def section_name(dtype: str, no_prefix_detector: bool = False) -> str:
-    """One BENCHMARKS.md section per dtype; float32 keeps the section's original name. A run without the
-    prefix-defeat detector (the cost A/B) gets a section of its own beside the default one."""
-    name = SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+@dataclass(frozen=True)
+class Workload:
+    """What the batch is and the pool it runs in, unless a flag says otherwise."""
+
+    num_requests: int
+    prompt_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+    kv_cache_tokens: int = 32_768
+    block_size: int = 32
+    max_num_seqs: int = 64
+
+
+# The issue's comparison (issue 17): 96 requests at once, prompts 300-700, outputs 500-1,500 with
+# ignore_eos, a 32,768-token pool, block 32, max_num_seqs 64.
+ISSUE17 = Workload(num_requests=96, prompt_tokens=(300, 700), output_tokens=(500, 1500))
+# The small model costs ~270 MFLOP a token (~60x the tiny one): the issue's batch (~48,000 prompt and
+# ~96,000 output tokens, ~39 TFLOP) would take an estimated ~10 minutes a run on 2 AVX2 cores, most of an
+# hour for two rounds, so its default batch is a third as many requests with a fifth of the output (~6
+# TFLOP), the same for both servers. `--workload issue17` runs the issue's batch on it anyway.
+SMALL_DEFAULT = Workload(num_requests=32, prompt_tokens=(300, 700), output_tokens=(100, 300))
+MODEL_WORKLOADS = {"tiny": ISSUE17, "small": SMALL_DEFAULT}
+WORKLOADS = {"default": None, "issue17": ISSUE17}  # default: the --model's own
+
+
+def chosen_workload(args: argparse.Namespace) -> Workload:
+    return WORKLOADS[args.workload] or MODEL_WORKLOADS[args.model]
+
+
+def apply_workload_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill every workload flag left unset from the chosen workload (explicit flags win); idempotent."""
+    chosen = chosen_workload(args)
+    for name in (
+        "num_requests",
+        "prompt_tokens",
+        "output_tokens",
+        "kv_cache_tokens",
+        "block_size",
+        "max_num_seqs",
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(chosen, name))
+    return args
+
+
+def is_default_workload(args: argparse.Namespace) -> bool:
+    """Whether the batch run is exactly the chosen workload (the section then names it as such)."""
+    chosen = chosen_workload(args)
+    return (args.num_requests, tuple(args.prompt_tokens), tuple(args.output_tokens)) == (
+        chosen.num_requests,
+        chosen.prompt_tokens,
+        chosen.output_tokens,
+    )
+
+
+def section_name(dtype: str, no_prefix_detector: bool = False, model: str = "tiny") -> str:
+    """One BENCHMARKS.md section per model and dtype. The tiny model keeps the names recorded before there
+    was a second model (float32 keeps the section's original name); the small one always names both. A run
+    without the prefix-defeat detector (the cost A/B) gets a section of its own beside the default one."""
+    if model == "tiny":
+        name = SECTION if dtype == "float32" else f"{SECTION}-{dtype}"
+    else:
+        name = f"{SECTION}-{model}-{dtype}"
     return f"{name}-no-prefix-detector" if no_prefix_detector else name
 
 
@@ -54,28 +118,73 @@ KVTUNE = "kvtune"
 VLLM = "vLLM"
 
 
-def default_model_dir() -> Path:
-    """Where the comparison keeps its tiny checkpoint (written once by the tiny-model code, then reused)."""
+def default_model_dir(model: str = "tiny") -> Path:
+    """Where the comparison keeps each model's checkpoint (written once by the tiny-model code, then
+    reused); the tiny one's folder is the one it always had."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "kvtune" / "bench-engine-tiny"
+    return Path(cache) / "kvtune" / f"bench-engine-{model}"
+
+
+def _range(workload: Workload, name: str) -> str:
+    low, high = getattr(workload, name)
+    return f"{low}-{high}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    tiny, small = ISSUE17, SMALL_DEFAULT
     parser.add_argument(
-        "--model-dir", type=Path, help=f"tiny checkpoint folder (default: {default_model_dir()})"
+        "--model",
+        choices=MODELS,
+        default="tiny",
+        help="tiny (`kvtune tiny-model`, ~2.4M parameters: overhead-bound) or small (`kvtune tiny-model "
+        "--size small`, ~136M parameters: compute-bound). Each has its default workload: tiny the issue's "
+        f"({tiny.num_requests} requests, outputs {_range(tiny, 'output_tokens')}); small "
+        f"{small.num_requests} requests with outputs {_range(small, 'output_tokens')}, because one of its "
+        "tokens costs ~60x a tiny one (~270 MFLOP)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        help=f"checkpoint folder (default: {default_model_dir('MODEL')}, written on first use)",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="default",
+        help="default: the --model's own; issue17: the issue's on either model (96 requests, prompts "
+        "300-700, outputs 500-1500, ignore_eos, pool 32,768, block 32, max_num_seqs 64). The flags below "
+        "override single values",
     )
     parser.add_argument("--rounds", type=int, default=2, help="kvtune+vLLM pairs, alternating")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="what both servers compute in")
-    parser.add_argument("--kv-cache-tokens", type=int, default=65_536, help="usable KV pool of each server")
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        help=f"usable KV pool of each server (default {tiny.kv_cache_tokens:,})",
+    )
+    parser.add_argument("--block-size", type=int, help=f"default {tiny.block_size}")
+    parser.add_argument("--max-num-seqs", type=int, help=f"default {tiny.max_num_seqs}")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=2048, help="both servers (vLLM's CPU default)"
     )
-    parser.add_argument("--num-requests", type=int, default=96)
-    parser.add_argument("--prompt-tokens", type=int, nargs=2, default=(300, 700), metavar=("LO", "HI"))
-    parser.add_argument("--output-tokens", type=int, nargs=2, default=(500, 1500), metavar=("LO", "HI"))
+    parser.add_argument(
+        "--num-requests", type=int, help=f"default: {tiny.num_requests} (tiny), {small.num_requests} (small)"
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help=f"default: {_range(tiny, 'prompt_tokens')} for both models",
+    )
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help=f"default: {_range(tiny, 'output_tokens')} (tiny), {_range(small, 'output_tokens')} (small)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the request list's seed")
     parser.add_argument(
         "--kvtune-threads", type=int, help="kvtune serve --threads (default: kvtune's own, every core)"
@@ -101,6 +210,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def validate(args: argparse.Namespace) -> None:
+    """Fill the workload's defaults for the chosen model, then check every value."""
+    apply_workload_defaults(args)
     if args.rounds < 1:
         raise KvtuneError(f"--rounds must be at least 1, got {args.rounds}")
     if args.num_requests < 1:
@@ -195,6 +306,7 @@ class RunResult:
     load_after: float
     boot_s: float
     detector_seconds: float | None = None  # kvtune's prefix-defeat detector, during the batch
+    peak_pss_mib: float | None = None  # the server's process group, summed PSS, peak during the batch
 
 
 @dataclass
@@ -206,6 +318,18 @@ class Summary:
     def __post_init__(self) -> None:
         self.kvtune_median = _median([r.tokens_per_s for r in self.runs if r.server == KVTUNE])
         self.vllm_median = _median([r.tokens_per_s for r in self.runs if r.server == VLLM])
+
+    def _memory(self, server: str) -> float | None:
+        seen = [r.peak_pss_mib for r in self.runs if r.server == server and r.peak_pss_mib is not None]
+        return _median(seen) if seen else None
+
+    @property
+    def kvtune_memory(self) -> float | None:
+        return self._memory(KVTUNE)
+
+    @property
+    def vllm_memory(self) -> float | None:
+        return self._memory(VLLM)
 
     @property
     def ratio(self) -> float:
@@ -224,15 +348,15 @@ def format_table(summary: Summary) -> str:
     """Markdown: one row per run, then each side's median and the ratio."""
     lines = [
         "| run | server | threads | completed | generated tokens | duration (s) | tokens/s | preemptions "
-        "| load avg (1 min) before → after |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---|",
+        "| peak memory (PSS, MiB) | load avg (1 min) before → after |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in summary.runs:
         completed = f"{r.completed}" if not r.failed else f"{r.completed} ({r.failed} failed)"
         lines.append(
             f"| {r.index} | {r.server} | {r.threads} | {completed} | {r.generated_tokens:,} | "
             f"{r.duration_s:,.1f} | {r.tokens_per_s:,.1f} | {_preemptions(r.preemptions)} | "
-            f"{r.load_before:.2f} → {r.load_after:.2f} |"
+            f"{_mib(r.peak_pss_mib)} | {r.load_before:.2f} → {r.load_after:.2f} |"
         )
     lines += [
         "",
@@ -240,6 +364,7 @@ def format_table(summary: Summary) -> str:
         "|---|---:|---:|",
         f"| median tokens/s | {summary.kvtune_median:,.1f} | {summary.vllm_median:,.1f} |",
         f"| preemptions per run | {_side_preemptions(summary, KVTUNE)} | {_side_preemptions(summary, VLLM)} |",
+        f"| median peak memory (PSS, MiB) | {_mib(summary.kvtune_memory)} | {_mib(summary.vllm_memory)} |",
         f"| **kvtune / vLLM** | **{summary.ratio:.2f}×** | |",
     ]
     watched = [(r.detector_seconds, r.duration_s) for r in summary.runs if r.detector_seconds is not None]
@@ -249,6 +374,10 @@ def format_table(summary: Summary) -> str:
         )
         lines += ["", f"kvtune's prefix-defeat detector, time spent judging prompts per run: {shares}."]
     return "\n".join(lines)
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
 
 
 def _side_preemptions(summary: Summary, server: str) -> str:
@@ -271,18 +400,18 @@ def format_section(
     low_o, high_o = args.output_tokens
     body = [
         "## kvtune serve against vLLM (`kvtune bench engine"
+        + ("" if args.model == "tiny" else f" --model {args.model}")
         + ("" if args.dtype == "float32" else f" --dtype {args.dtype}")
         + (" --no-prefix-detector" if args.no_prefix_detector else "")
         + "`)",
         "",
-        f"Method: the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads) served "
-        f"by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
+        f"Method: {model_description(args.model)} served by `kvtune serve` and by vLLM's CPU build (vllm-cpu {vllm_version}, torch "
         f"{versions.get('torch', '?')}), each as a subprocess, alternating kvtune, vLLM, ... for "
         f"{args.rounds} rounds. Both: {args.dtype}, {args.kv_cache_tokens:,} usable KV tokens (vLLM "
         f"`--kv-cache-memory-bytes` sized for that plus its null block), block size {args.block_size}, "
         f"max_num_seqs {args.max_num_seqs}, max_model_len {args.max_model_len}, max_num_batched_tokens "
         f"{args.max_num_batched_tokens}, prefix caching on; kvtune's prefix-defeat detector "
-        f"{'off (--no-prefix-detector)' if args.no_prefix_detector else 'on'}. Workload: {args.num_requests} requests sent at "
+        f"{'off (--no-prefix-detector)' if args.no_prefix_detector else 'on'}. Workload{_workload_origin(args)}: {args.num_requests} requests sent at "
         f"once, random token-id prompts of {low_p}–{high_p} tokens, {low_o}–{high_o} output tokens with "
         f"`ignore_eos`, greedy, seed {args.seed} — the same request list for both. Client: "
         "`kvtune.bench.load.run_batch`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
@@ -295,6 +424,27 @@ def format_section(
     if notes:
         body += ["", *notes]
     return "\n".join(body)
+
+
+def model_description(model: str) -> str:
+    """The checkpoint in words, with its shape and honest parameter count (for the recorded section)."""
+    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, describe
+
+    command = "`kvtune tiny-model`" if model == "tiny" else f"`kvtune tiny-model --size {model}`"
+    return f"the {model} checkpoint ({command}: {describe(MODEL_SIZES[model])})"
+
+
+def _workload_origin(args: argparse.Namespace) -> str:
+    if not is_default_workload(args):
+        return " (set by flags)"
+    if chosen_workload(args) == ISSUE17:
+        return " (the issue's)"
+    return (
+        f" (the {args.model} model's default, smaller than the issue's {ISSUE17.num_requests} requests with "
+        f"{ISSUE17.output_tokens[0]:,}–{ISSUE17.output_tokens[1]:,} outputs: a token costs ~270 MFLOP, ~60× a "
+        "tiny one, and the issue's batch, ~39 TFLOP a run, would take an estimated ~10 minutes a run on 2 "
+        "cores; `--workload issue17` runs it)"
+    )
 
 
 # --- servers ---------------------------------------------------------------------------------------------
@@ -366,13 +516,34 @@ class KvtuneServer:
         self.stop()
 
 
-def ensure_model(model_dir: Path) -> Path:
+def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
+    """`model_dir`, with the `model`-size checkpoint written into it first if it holds none."""
     if not (model_dir / "config.json").is_file():
-        from kvtune.engine_sidecar.tiny_model import write_tiny_model
+        from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, write_tiny_model
 
-        print(f"writing the tiny checkpoint to {model_dir}", file=sys.stderr)
-        write_tiny_model(model_dir)
+        print(f"writing the {model} checkpoint to {model_dir}", file=sys.stderr)
+        write_tiny_model(model_dir, MODEL_SIZES[model])
     return model_dir
+
+
+def check_model_shape(model_dir: Path, model: str) -> None:
+    """The recorded section names the model and its parameter count, so a folder holding another shape
+    (`--model small --model-dir` at the tiny one's folder) is a clear error, not a mislabelled benchmark."""
+    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES
+
+    spec = MODEL_SIZES[model]
+    config_path = model_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        shape = (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise KvtuneError(f"{config_path}: not a readable checkpoint config ({err})") from err
+    expected = (spec.num_layers, spec.hidden_size, spec.intermediate_size)
+    if tuple(shape) != expected:
+        raise KvtuneError(
+            f"{model_dir} holds a model with (layers, hidden, intermediate) = {tuple(shape)}, not the {model} "
+            f"model's {expected}: pass --model-dir a folder for the {model} model, or an empty one"
+        )
 
 
 def _timed_load(
@@ -393,9 +564,10 @@ def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index:
     with KvtuneServer(kvtune_command(args, model_dir, port), port, log_path) as server:
         server.wait_ready(args.boot_timeout)
         boot_s = time.perf_counter() - boot_start
-        before, after, result = _timed_load(server.url, load_spec(args), KVTUNE, server.log_tail)
+        with PeakMemory(server.process.pid) as peak:
+            before, after, result = _timed_load(server.url, load_spec(args), KVTUNE, server.log_tail)
     threads = f"--threads {args.kvtune_threads}" if args.kvtune_threads else f"default ({os.cpu_count()})"
-    return _result(index, KVTUNE, threads, result, before, after, boot_s)
+    return _result(index, KVTUNE, threads, result, before, after, boot_s, peak.bytes)
 
 
 def _run_vllm(args: argparse.Namespace, model_dir: Path, log_dir: Path, venv: Path, index: int) -> RunResult:
@@ -407,15 +579,23 @@ def _run_vllm(args: argparse.Namespace, model_dir: Path, log_dir: Path, venv: Pa
         config, venv_dir=venv, log_path=log_dir / f"vllm-run{index}.log", timeout_s=args.boot_timeout
     ) as server:
         boot_s = time.perf_counter() - boot_start
-        before, after, result = _timed_load(server.url, load_spec(args), VLLM, server.log_tail)
+        with PeakMemory(server.process.pid) as peak:
+            before, after, result = _timed_load(server.url, load_spec(args), VLLM, server.log_tail)
     threads = f"{args.vllm_threads} (bound)" if args.vllm_threads else "auto (1 of 2 on 2 cores)"
     if args.vllm_threads is None and os.cpu_count() != 2:
         threads = "auto"
-    return _result(index, VLLM, threads, result, before, after, boot_s)
+    return _result(index, VLLM, threads, result, before, after, boot_s, peak.bytes)
 
 
 def _result(
-    index: int, server: str, threads: str, result: LoadResult, before: float, after: float, boot_s: float
+    index: int,
+    server: str,
+    threads: str,
+    result: LoadResult,
+    before: float,
+    after: float,
+    boot_s: float,
+    peak_bytes: int | None = None,
 ) -> RunResult:
     if result.failed:
         print(
@@ -436,6 +616,7 @@ def _result(
         load_before=before,
         load_after=after,
         boot_s=boot_s,
+        peak_pss_mib=None if peak_bytes is None else round(peak_bytes / 2**20, 1),
     )
 
 
@@ -489,8 +670,10 @@ def _measure(args: argparse.Namespace, venv: Path) -> list[RunResult]:
     if not is_installed(venv):
         print(f"installing vLLM's CPU build into {venv} (once; a few GB, several minutes)", file=sys.stderr)
         ensure_venv(venv)
-    model_dir = ensure_model(args.model_dir or default_model_dir())
-    log_dir = args.log_dir or model_dir.parent / "bench-engine-logs"
+    model_dir = ensure_model(args.model_dir or default_model_dir(args.model), args.model)
+    check_model_shape(model_dir, args.model)
+    logs = "bench-engine-logs" if args.model == "tiny" else f"bench-engine-{args.model}-logs"
+    log_dir = args.log_dir or model_dir.parent / logs
     runs: list[RunResult] = []
     for _ in range(args.rounds):
         for server in (KVTUNE, VLLM):
@@ -535,6 +718,6 @@ def run(args: argparse.Namespace) -> int:
             versions=installed_versions(venv),
             notes=fairness_notes(args) + _read_notes(args.notes_file),
         )
-        record_section(section_name(args.dtype, args.no_prefix_detector), section, args.output)
+        record_section(section_name(args.dtype, args.no_prefix_detector, args.model), section, args.output)
         print(f"recorded in {args.output}", file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ from kvtune.engine_sidecar.logprobs import TokenLogprobs, sampled_logprobs
 from kvtune.engine_sidecar.model import load_model
 from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
 from kvtune.engine_sidecar.serving_dtype import choose_dtype, cpu_flags
+from kvtune.engine_sidecar.widened_linear import widen_bf16_linears, widening_pays
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
@@ -36,13 +37,22 @@ class ModelRunner:
         folder = Path(config.model)
         self.model_config = open_checkpoint(folder).config
         self.device = torch.device(config.device)
-        self.dtype_choice = choose_dtype(config.dtype, self.model_config.dtype, self.device.type, cpu_flags())
+        flags = cpu_flags()
+        self.dtype_choice = choose_dtype(config.dtype, self.model_config.dtype, self.device.type, flags)
         self.model = load_model(
             folder,
             dtype=self.dtype_choice.dtype,
             device=self.device,
             attention_backend=config.attention_backend,
         )
+        self.widened_linears = 0
+        if widening_pays(self.device.type, self.dtype_choice.dtype, flags):
+            self.widened_linears = widen_bf16_linears(self.model)
+            logger.info(
+                "bfloat16 linear layers (%d) run as float32 GEMMs over their exactly widened weights: this CPU "
+                "lacks AVX512-BF16, where oneDNN's bfloat16 GEMM is several times slower",
+                self.widened_linears,
+            )
         self.cache = self._allocate_cache(self.dtype_choice.dtype)
         if config.max_model_len and config.max_model_len > self.model_config.max_model_len:
             raise KvtuneError(

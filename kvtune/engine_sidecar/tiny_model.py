@@ -3,11 +3,15 @@
 The folder is a complete Hugging Face checkpoint (config, safetensors with HF names, generation config,
 tokenizer, chat template), so vLLM and transformers load it exactly as kvtune does: the same model serves
 as the yardstick comparison and the engine's default.
+
+Two sizes (`--size`): `tiny` (about 2M parameters), where a step's time goes to the engine's own overhead,
+and `small` (about 136M), where the matmuls dominate; benchmarks on both bound the engine from both sides.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +48,46 @@ class TinyModelSpec:
     seed: int = 0
     init_std: float = 0.02
     embedding_std: float = 1.0
+
+
+# The shapes `--size` names, shared by `kvtune bench engine --model` and the GPU check so all three agree.
+# small: Llama architecture with GQA (16 heads over 4 KV heads) and SwiGLU at ~2.75x hidden, ~136M
+# parameters with the byte tokenizer's 259-token vocabulary (almost all of it in the 12 decoder layers).
+MODEL_SIZES: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    "small": TinyModelSpec(
+        num_layers=12, hidden_size=1024, num_heads=16, num_kv_heads=4, head_dim=64, intermediate_size=2816
+    ),
+}
+DEFAULT_SIZE = "tiny"
+
+
+def byte_vocab_size() -> int:
+    """The vocabulary every size is written with (256 bytes plus the special tokens)."""
+    return int(build_byte_tokenizer().get_vocab_size())
+
+
+def parameter_count(spec: TinyModelSpec, vocab_size: int | None = None) -> int:
+    """Every weight the checkpoint holds (embeddings, lm_head and the norms included; untied)."""
+    vocab = byte_vocab_size() if vocab_size is None else vocab_size
+    hidden, inter = spec.hidden_size, spec.intermediate_size
+    attention = hidden * spec.head_dim * (2 * spec.num_heads + 2 * spec.num_kv_heads)
+    per_layer = attention + 3 * hidden * inter + 2 * hidden
+    return 2 * vocab * hidden + spec.num_layers * per_layer + hidden
+
+
+def describe_shape(spec: TinyModelSpec) -> str:
+    return (
+        f"{spec.num_layers} layers, hidden {spec.hidden_size}, {spec.num_heads} heads, {spec.num_kv_heads} "
+        f"KV heads, head_dim {spec.head_dim}, intermediate {spec.intermediate_size}"
+    )
+
+
+def describe(spec: TinyModelSpec) -> str:
+    """One line for tables and logs: the shape and the honest parameter count."""
+    return (
+        f"{describe_shape(spec)}, {parameter_count(spec):,} parameters ({parameter_count(spec) / 1e6:.1f}M)"
+    )
 
 
 def _config_json(spec: TinyModelSpec, vocab_size: int, bos_id: int, eos_ids: list[int]) -> dict[str, object]:
@@ -135,35 +179,49 @@ def _write_json(path: Path, data: dict[str, object]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
+_SHAPE_FLAGS = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TinyModelSpec()
     parser.add_argument("dir", metavar="DIR", help="folder to write the checkpoint into")
+    parser.add_argument(
+        "--size",
+        choices=sorted(MODEL_SIZES),
+        default=DEFAULT_SIZE,
+        help="tiny: "
+        + describe_shape(MODEL_SIZES["tiny"])
+        + "; small: "
+        + describe_shape(MODEL_SIZES["small"])
+        + " (the shape flags below override the size's values)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="weights are a function of the seed")
-    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
-    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
-    parser.add_argument("--num-heads", type=int, default=defaults.num_heads)
-    parser.add_argument("--num-kv-heads", type=int, default=defaults.num_kv_heads)
-    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
-    parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
-    parser.add_argument("--max-position-embeddings", type=int, default=defaults.max_position_embeddings)
+    for name in _SHAPE_FLAGS:
+        parser.add_argument("--" + name.replace("_", "-"), type=int, help="default: the --size's value")
     parser.add_argument("--dtype", choices=sorted(_DTYPE_NAMES), default=defaults.dtype)
 
 
-def run(args: argparse.Namespace) -> int:
-    sizes = (args.num_layers, args.hidden_size, args.num_heads, args.num_kv_heads, args.head_dim)
-    if min(*sizes, args.intermediate_size, args.max_position_embeddings) < 1:
+def spec_from_args(args: argparse.Namespace) -> TinyModelSpec:
+    """The --size's spec with every shape flag given on the command line put over it."""
+    overrides = {name: getattr(args, name) for name in _SHAPE_FLAGS if getattr(args, name) is not None}
+    if any(value < 1 for value in overrides.values()):
         raise KvtuneError("model sizes must be positive")
-    spec = TinyModelSpec(
-        num_layers=args.num_layers,
-        hidden_size=args.hidden_size,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        head_dim=args.head_dim,
-        intermediate_size=args.intermediate_size,
-        max_position_embeddings=args.max_position_embeddings,
-        dtype=args.dtype,
-        seed=args.seed,
-    )
+    return dataclasses.replace(MODEL_SIZES[args.size], dtype=args.dtype, seed=args.seed, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
     path = write_tiny_model(args.dir, spec)
-    print(f"wrote a {spec.num_layers}-layer Llama checkpoint (seed {spec.seed}, {spec.dtype}) to {path}")
+    print(
+        f"wrote a {spec.num_layers}-layer Llama checkpoint (seed {spec.seed}, {spec.dtype}; {describe(spec)}) "
+        f"to {path}"
+    )
     return 0

