@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_loop_driver import generate, make_engine
 from engine_runner import PagedRunner, PagedSequence
+from test_engine_loop_greedy import SMALL_POOL_TOKENS, WORKLOAD, _params
 from torch import nn
 
 from kvtune.engine_sidecar import model_runner
@@ -17,6 +19,7 @@ from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.kv_cache import KVCache
 from kvtune.engine_sidecar.model import load_model
 from kvtune.engine_sidecar.model_runner import ModelRunner
+from kvtune.engine_sidecar.serving_dtype import cpu_flags
 from kvtune.engine_sidecar.widened_linear import WidenedLinear, widen_bf16_linears, widening_pays
 
 TOKENS = list(range(32, 112))
@@ -86,3 +89,15 @@ def test_the_engine_widens_only_where_the_cpu_lacks_bf16(
     assert widened.widened_linears == 4 * 4 + 1  # qkv, o, gate_up, down per layer, and the head
     monkeypatch.setattr(model_runner, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert ModelRunner(config).widened_linears == 0
+
+
+def test_bf16_greedy_under_preemption_equals_a_roomy_pool(tiny_dir: Path) -> None:
+    """Issue 17: greedy output is identical under preemption, in bfloat16 through the widened layers too."""
+    roomy = make_engine(tiny_dir, dtype="bfloat16")
+    assert roomy.runner.widened_linears == 17 or not widening_pays("cpu", torch.bfloat16, cpu_flags())
+    expected = generate(roomy, WORKLOAD, _params)
+    assert roomy.counters.num_preemptions == 0
+    tight = make_engine(tiny_dir, dtype="bfloat16", kv_cache_tokens=SMALL_POOL_TOKENS)
+    done = generate(tight, WORKLOAD, _params)
+    assert tight.counters.num_preemptions > 0
+    assert {rid: done.tokens(rid) for rid in WORKLOAD} == {rid: expected.tokens(rid) for rid in WORKLOAD}
