@@ -4,8 +4,10 @@ every child it started (the engine's process group) before it exits."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "children.txt").write_text("")
     signal.signal(signal.SIGTERM, _interrupt)
+    # `kill -USR1 PID` prints where every thread of the demo is (a stop that hangs says where, and why)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     operator_log = logging.getLogger("kvtune.operator")  # its lines go to a file, not over the live view
     operator_log.addHandler(logging.FileHandler(out_dir / "operator.log"))
     operator_log.setLevel(logging.INFO)
@@ -50,6 +54,14 @@ def run(args: argparse.Namespace) -> int:
     view = LiveView()
     try:
         timeline = Demo(QUICK if args.quick else FULL, port, out_dir, view, args.quick).run()
+    except KeyboardInterrupt:
+        # Demo.run has stopped the engine and the load on its way out. End now: the interpreter's own exit
+        # would join whatever helper threads the HTTP clients left behind, and a Ctrl-C must not hang.
+        view.close()
+        sys.stderr.write("interrupted: the engine and the load are stopped\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)
     finally:
         view.close()
     before, after = timeline.before, timeline.after
