@@ -3,6 +3,7 @@ clear line; Ctrl-C stops every child and leaves no process and no open port behi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -66,9 +67,12 @@ def _read_until(process: subprocess.Popen[str], text: str, seconds: float) -> li
 
 def test_ctrl_c_stops_every_child_and_frees_the_port(tmp_path: Path) -> None:
     port = free_port()
+    # A terminal's foreground program gets SIGINT at its default; a process started by one that ignores it
+    # (pytest after some earlier test) would inherit SIG_IGN, and Python then never raises KeyboardInterrupt.
     process = subprocess.Popen(
         [*DEMO, "--port", str(port), "--out", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         _read_until(process, "the load is on", 120)  # the engine booted and the clients are sending
@@ -90,5 +94,13 @@ def test_ctrl_c_stops_every_child_and_frees_the_port(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+        left = (
+            [int(p) for p in (tmp_path / "children.txt").read_text().split()]
+            if (tmp_path / "children.txt").exists()
+            else []
+        )
+        for pid in left:  # a failed stop must not leave an engine running under the tests that follow
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
     assert not [pid for pid in pids if _alive(pid)]
     assert not _port_open(port)

@@ -315,7 +315,9 @@ def test_silence_between_reads_is_a_read_timeout() -> None:
 
     async def scenario() -> None:
         transport = FastTransport()
-        async with serving(of) as upstream, httpx.AsyncClient(transport=transport, timeout=0.2) as client:
+        # only the read is short: a connect on a busy machine once took over 0.2 s (a ConnectTimeout, not this)
+        timeout = httpx.Timeout(0.2, connect=10.0)
+        async with serving(of) as upstream, httpx.AsyncClient(transport=transport, timeout=timeout) as client:
             async with client.stream("POST", upstream.url, content=b"{}") as response:
                 chunks = []
                 with pytest.raises(httpx.ReadTimeout):
