@@ -248,8 +248,11 @@ def workload(args: argparse.Namespace) -> list[dict[str, object]]:
     return batch_bodies(load_spec(args), SERVED_MODEL_NAME)
 
 
-def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
-    """`kvtune serve` with the comparison's settings (prefix caching is on by default)."""
+def serve_argv(
+    args: argparse.Namespace, model_dir: Path, port: int, device: str, threads: int | None
+) -> list[str]:
+    """`kvtune serve` with a batch's pool and scheduler limits (prefix caching is on by default): the one
+    command line both the CPU comparison and the GPU engine check start."""
     argv = [
         sys.executable, "-m", "kvtune.cli", "serve",
         "--model", str(model_dir),
@@ -257,15 +260,21 @@ def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list
         "--host", "127.0.0.1",
         "--port", str(port),
         "--dtype", args.dtype,
-        "--device", "cpu",
+        "--device", device,
         "--block-size", str(args.block_size),
         "--kv-cache-tokens", str(args.kv_cache_tokens),
         "--max-num-seqs", str(args.max_num_seqs),
         "--max-model-len", str(args.max_model_len),
         "--max-num-batched-tokens", str(args.max_num_batched_tokens),
     ]  # fmt: skip
-    if args.kvtune_threads is not None:
-        argv += ["--threads", str(args.kvtune_threads)]
+    if threads is not None:
+        argv += ["--threads", str(threads)]
+    return argv
+
+
+def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
+    """The comparison's `kvtune serve`: on the CPU, optionally without the prefix-defeat detector."""
+    argv = serve_argv(args, model_dir, port, "cpu", args.kvtune_threads)
     if args.no_prefix_detector:
         argv.append("--no-prefix-detector")
     return argv

@@ -37,6 +37,7 @@ from kvtune.bench.engine import (
     KvtuneServer,
     check_model_shape,
     ensure_model,
+    serve_argv,
 )
 from kvtune.bench.load import BatchSpec, LoadResult, run_batch
 from kvtune.bench.local_http import free_port
@@ -100,23 +101,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def serve_command(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
     """`kvtune serve` on the device, with the batch's pool and scheduler limits."""
-    argv = [
-        sys.executable, "-m", "kvtune.cli", "serve",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--device", args.device,
-        "--dtype", args.dtype,
-        "--block-size", str(args.block_size),
-        "--kv-cache-tokens", str(args.kv_cache_tokens),
-        "--max-num-seqs", str(args.max_num_seqs),
-        "--max-model-len", str(args.max_model_len),
-        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-    ]  # fmt: skip
-    if args.threads is not None:
-        argv += ["--threads", str(args.threads)]
-    return argv
+    return serve_argv(args, model_dir, port, args.device, args.threads)
 
 
 @dataclass(frozen=True)
