@@ -4,7 +4,8 @@
 //   (sequence, key split) with all KV heads; keys are scored four at a time against four query rows, the
 //   rows the item will read are prefetched a fixed number of bytes ahead of its reads, and the work is
 //   written with explicit 16-lane vectors (GCC vector extensions; AVX512-BF16 dot products for bf16 and
-//   fp8 caches where the CPU has them).
+//   fp8 caches where the CPU has them). On CPUs with AVX2 but not AVX-512, DecodeRunner8
+//   (decode_runner_avx2.h) does the same walk in 8-lane registers instead.
 // - ItemRunner (prefill, and any other shape): an item is (sequence, KV head, tile of query tokens, split),
 //   holding the tile's rows for the G query heads that share the KV head.
 // Both use the online (flash) softmax over chunks of keys, so scratch stays in L1/L2 however long the
@@ -278,19 +279,12 @@ ALWAYS_INLINE v16 load16(const float* src) { return *reinterpret_cast<const v16u
 
 ALWAYS_INLINE void store16(float* dst, v16 value) { *reinterpret_cast<v16u*>(dst) = value; }
 
-#if !defined(__AVX512F__) && defined(__AVX2__)
-// Without AVX-512 a 16-lane vector lives in two 256-bit registers. GCC 12 lowers a generic two-source
-// shuffle of such a vector through the stack, lane by lane, even where each 128-bit lane only shuffles
-// within itself (which is all reduce_quads, max_within_quads and broadcast4 do): on an AVX2 machine that made
-// the decode kernel about 10x slower than its AVX-512 build. These take the halves apart and put them back,
-// in registers, so those three run as the same in-lane instructions on each half.
 using v8 = float __attribute__((vector_size(32)));
-ALWAYS_INLINE __m256 low8(v16 x) { return (__m256)__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7); }
-ALWAYS_INLINE __m256 high8(v16 x) { return (__m256)__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15); }
-ALWAYS_INLINE v16 join8(__m256 low, __m256 high) {
-    return __builtin_shufflevector((v8)low, (v8)high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-#define KVT_AVX2_HALVES 1
+
+#if !defined(__AVX512F__) && defined(__AVX2__)
+// Decode runs in 8-lane registers (DecodeRunner8, decode_runner_avx2.h): GCC 12 keeps the 16-lane runner's
+// vectors in memory on AVX2, which made it about 10x slower per key than its AVX-512 build.
+#define KVT_DECODE_AVX2 1
 #endif
 
 // One value in every lane. (`v16{} + value` compiles to a scalar add of zero and then the broadcast.)
@@ -306,14 +300,30 @@ ALWAYS_INLINE v16 splat(float value) {
 // With AVX-512, vrndscaleps rounds and vscalefps applies 2^n, underflowing to 0 below about -104 (so -inf
 // gives 0) with no clamps or integer conversion: about half the operations of the portable version, which
 // rounds by the 1.5 * 2^23 trick and builds 2^n from the exponent bits.
-ALWAYS_INLINE v16 exp_polynomial(v16 r) {
-    v16 poly = splat(1.9875691500e-4f);
+template <typename V>
+ALWAYS_INLINE V exp_polynomial(V r) {
+    V poly = V{} + 1.9875691500e-4f;
     poly = poly * r + 1.3981999507e-3f;
     poly = poly * r + 8.3334519073e-3f;
     poly = poly * r + 4.1665795894e-2f;
     poly = poly * r + 1.6666665459e-1f;
     poly = poly * r + 5.0000001201e-1f;
     return poly * r * r + r + 1.0f;
+}
+
+// The same without AVX-512, for any float vector V and its int32 vector VI: rounds by the 1.5 * 2^23 trick and
+// builds 2^n from the exponent bits.
+template <typename V, typename VI>
+ALWAYS_INLINE V fast_exp_portable(V x) {
+    const V low = V{} - 87.0f, high = V{} + 88.0f;
+    V clamped = x < low ? low : x;
+    clamped = clamped > high ? high : clamped;
+    const V magic = V{} + 12582912.0f;
+    const V n = (clamped * 1.44269504088896341f + magic) - magic;
+    const V r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+    const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
+    const V result = exp_polynomial(r) * (V)bits;
+    return x < low ? V{} : result;
 }
 
 ALWAYS_INLINE v16 fast_exp16(v16 x) {
@@ -324,15 +334,7 @@ ALWAYS_INLINE v16 fast_exp16(v16 x) {
     const v16 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
     return (v16)_mm512_scalef_ps((__m512)exp_polynomial(r), (__m512)n);
 #else
-    const v16 low = splat(-87.0f), high = splat(88.0f);
-    v16 clamped = x < low ? low : x;
-    clamped = clamped > high ? high : clamped;
-    const v16 magic = splat(12582912.0f);
-    const v16 n = (clamped * 1.44269504088896341f + magic) - magic;
-    const v16 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-    const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    const v16 result = exp_polynomial(r) * (v16)bits;
-    return x < low ? v16{} : result;
+    return fast_exp_portable<v16, v16i>(x);
 #endif
 }
 
@@ -386,9 +388,6 @@ ALWAYS_INLINE v16 reduce4(v16 a, v16 b, v16 c, v16 d) {
 ALWAYS_INLINE v16 broadcast4(const float* src) {
 #ifdef __AVX512F__
     return (v16)_mm512_broadcast_f32x4(_mm_loadu_ps(src));
-#elif defined(KVT_AVX2_HALVES)
-    const __m256 quad = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(src));
-    return join8(quad, quad);
 #else
     return v16{src[0], src[1], src[2], src[3], src[0], src[1], src[2], src[3],
                src[0], src[1], src[2], src[3], src[0], src[1], src[2], src[3]};
@@ -476,15 +475,6 @@ ALWAYS_INLINE __m512i broadcast_lane(__m512i v, int lane) {
 // dims i, i + 4, i + 8, ... Returns the finished dot products with lane 4r + key (keys a, b, c, d = 0..3):
 // six in-lane shuffles and adds for sixteen dot products.
 ALWAYS_INLINE v16 reduce_quads(v16 a, v16 b, v16 c, v16 d) {
-#ifdef KVT_AVX2_HALVES
-    // the same in-lane unpacks and shuffles as the generic lines below, on each half
-    auto half = [](__m256 a8, __m256 b8, __m256 c8, __m256 d8) {
-        const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a8, b8), _mm256_unpackhi_ps(a8, b8));
-        const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c8, d8), _mm256_unpackhi_ps(c8, d8));
-        return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x44), _mm256_shuffle_ps(ab, cd, 0xEE));
-    };
-    return join8(half(low8(a), low8(b), low8(c), low8(d)), half(high8(a), high8(b), high8(c), high8(d)));
-#else
     const v16i low = {0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29};
     const v16i high = {2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31};
     const v16 ab = __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
@@ -492,25 +482,16 @@ ALWAYS_INLINE v16 reduce_quads(v16 a, v16 b, v16 c, v16 d) {
     const v16i first = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
     const v16i second = {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31};
     return __builtin_shuffle(ab, cd, first) + __builtin_shuffle(ab, cd, second);
-#endif
 }
 
 // Within-row maximum for the [row][key] layout below: lanes 4r..4r+3 (one 128-bit lane) all get their max.
 ALWAYS_INLINE v16 max_within_quads(v16 x) {
-#ifdef KVT_AVX2_HALVES
-    auto half = [](__m256 h) {
-        h = _mm256_max_ps(h, _mm256_permute_ps(h, 0xB1));     // swap pairs
-        return _mm256_max_ps(h, _mm256_permute_ps(h, 0x4E));  // swap halves of each 128-bit lane
-    };
-    return join8(half(low8(x)), half(high8(x)));
-#else
     const v16i swap_pairs = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
     const v16i swap_halves = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
     const v16 a = __builtin_shuffle(x, swap_pairs);
     x = a > x ? a : x;
     const v16 b = __builtin_shuffle(x, swap_halves);
     return b > x ? b : x;
-#endif
 }
 
 // Decode (one query token per sequence) with the group size and head_dim known at compile time. An item is
@@ -895,6 +876,10 @@ class DecodeRunner {
         }
     }
 };
+#ifdef KVT_DECODE_AVX2
+#include "decode_runner_avx2.h"
+#endif
+
 template <typename Runner>
 void run_with(const std::vector<Item>& items, Runner& runner) {
 #pragma omp for schedule(dynamic, 1)
@@ -913,6 +898,10 @@ bool try_decode(const KvtParams& p) {
     std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) { return p.seq_lens[a.seq] > p.seq_lens[b.seq]; });
 #pragma omp parallel num_threads(p.num_threads)
     {
+#ifdef KVT_DECODE_AVX2
+        DecodeRunner8<kDim, kGroup, T> runner(p);
+        run_with(items, runner);
+#else
         if (p.query_bf16) {
             DecodeRunner<kDim, kGroup, T, true> runner(p);
             run_with(items, runner);
@@ -920,6 +909,7 @@ bool try_decode(const KvtParams& p) {
             DecodeRunner<kDim, kGroup, T, false> runner(p);
             run_with(items, runner);
         }
+#endif
     }
     return true;
 }
