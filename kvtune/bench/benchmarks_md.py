@@ -15,19 +15,34 @@ HEADER = (
 )
 
 
+def vector_isa(flags: set[str]) -> str:
+    """The vector extensions that decide CPU figures here (the kernel's width, native or emulated bf16), in
+    words: the same model name is sold with and without AVX-512."""
+    if "avx512f" in flags:
+        native_bf16 = [
+            name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags
+        ]
+        return "AVX-512" + (", " + ", ".join(native_bf16) if native_bf16 else ", no native bf16")
+    return "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
+
+
 def machine_description() -> str:
-    """A one-line description of the machine a benchmark ran on (CPU model, cores, Python)."""
-    cpu = platform.processor() or platform.machine()
+    """A one-line description of the machine a benchmark ran on (CPU model and vector ISA, cores, Python)."""
+    model: str | None = None
+    flags: set[str] | None = None
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        for line in Path("/proc/cpuinfo").read_text().splitlines():  # the first core's lines
+            if line.startswith("model name") and model is None:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and flags is None:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     import os
 
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    cpu = model or platform.processor() or platform.machine()
+    isa = f" ({vector_isa(flags)})" if flags is not None else ""
+    return f"{cpu}{isa}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def git_revision(repo: Path | None = None) -> str:
