@@ -13,6 +13,18 @@
 
 namespace {
 
+using v8i = int32_t __attribute__((vector_size(32)));
+using v4i = int32_t __attribute__((vector_size(16)));
+
+#ifdef __AVX512F__
+constexpr bool kLoads64 = true;
+#else
+// Without AVX-512 a 64-byte vector is two registers, and GCC 12 keeps such accumulators in memory: the xor
+// chain then ran through the stack and held both probes at about 10 GB/s on an AVX2 EPYC whose torch sum read
+// 26-36 GB/s (and below the kernel itself, which made "read-only" no bound). 32-byte loads there.
+constexpr bool kLoads64 = false;
+#endif
+
 // Folds a cache row's 32-bit words into `folded` by xor, with loads of V (16 to 64 bytes, the widest that tile
 // the row): 16-byte loads through one xor chain held the read-only pass 5-10% below what fp32 rows allow.
 template <typename V>
@@ -44,8 +56,6 @@ uint64_t read_blocks(const KvtParams& p) {
     uint64_t checksum = 0;
 #pragma omp parallel num_threads(p.num_threads) reduction(^ : checksum)
     {
-        using v8i = int32_t __attribute__((vector_size(32)));
-        using v4i = int32_t __attribute__((vector_size(16)));
         v16i wide{};  // one accumulator per load width: folding them into one would cost lane moves per row
         v8i half{};
         v4i quarter{};
@@ -63,7 +73,7 @@ uint64_t read_blocks(const KvtParams& p) {
                         for (int t = chunk; t < chunk + n; ++t) {
                             if ((t - chunk) % Prefetchers<T, kChunk>::kStepKeys == 0) ahead.step();
                             const char* bytes = reinterpret_cast<const char*>(rows[t] + kv * p.stride_kv + h * p.stride_head);
-                            if (head_bytes % 64 == 0) {
+                            if (kLoads64 && head_bytes % 64 == 0) {
                                 wide = fold_row(wide, bytes, head_bytes);
                             } else if (head_bytes % 32 == 0) {
                                 half = fold_row(half, bytes, head_bytes);
@@ -90,9 +100,17 @@ extern "C" uint64_t kvt_stream_read(const void* data, int64_t bytes, int32_t thr
 #pragma omp parallel num_threads(threads) reduction(^ : checksum)
     {
         v16i folded{};
+        v8i low{}, high{};  // two chains, so the xors do not wait on each other
 #pragma omp for schedule(static)
-        for (int64_t line = 0; line < bytes / 64; ++line) folded ^= load_vector<v16i>(base + line * 64);
-        checksum ^= xor_lanes(folded);
+        for (int64_t line = 0; line < bytes / 64; ++line) {
+            if constexpr (kLoads64) {
+                folded ^= load_vector<v16i>(base + line * 64);
+            } else {
+                low ^= load_vector<v8i>(base + line * 64);
+                high ^= load_vector<v8i>(base + line * 64 + 32);
+            }
+        }
+        checksum ^= xor_lanes(folded) ^ xor_lanes(low) ^ xor_lanes(high);
     }
     return checksum;
 }
