@@ -13,17 +13,9 @@
 //   key; four keys make four such vectors, and reduce_quads8 finishes them into lane 4r + key. Pairs of rows
 //   are scored two at a time (8 accumulators, the query pair's two vectors, one broadcast key quad);
 // - values: each row's accumulator over a tile of dims that fits the registers beside one V row's tile.
+// No #include here: this file is read inside the .cpp's anonymous namespace, after the .cpp has included
+// <immintrin.h> and the standard headers it uses.
 #pragma once
-
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
 
 using v8i = int32_t __attribute__((vector_size(32)));
 using v8u32 = uint32_t __attribute__((vector_size(32)));
