@@ -28,20 +28,20 @@ def vector_isa(flags: set[str]) -> str:
 
 def machine_description() -> str:
     """A one-line description of the machine a benchmark ran on (CPU model and vector ISA, cores, Python)."""
-    model: str | None = None
-    flags: set[str] | None = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():  # the first core's lines
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and flags is None:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
     import os
 
-    cpu = model or platform.processor() or platform.machine()
-    isa = f" ({vector_isa(flags)})" if flags is not None else ""
+    from kvtune.engine_sidecar.serving_dtype import cpu_flags
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = cpu_flags()
+    isa = f" ({vector_isa(set(flags))})" if flags else ""
     return f"{cpu}{isa}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
