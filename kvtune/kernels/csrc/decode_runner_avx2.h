@@ -81,33 +81,20 @@ class DecodeRunner8 {
           sum_(max_.size()),
           rescale_(max_.size()) {}
 
-    void run(const Item& item) {
-        const int token = p_.query_start_loc[item.seq];
-        const int seq_len = p_.seq_lens[item.seq];
-        const int per_split = (seq_len + p_.num_splits - 1) / p_.num_splits;
-        const int lo = item.split * per_split;
-        const int hi = std::min(seq_len, lo + per_split);
+    void run(const Item& item) { run_decode_item<kDim>(p_, item, rows_, *this); }
+
+  private:
+    template <int kD, typename U, typename R>
+    friend void run_decode_item(const KvtParams&, const Item&, std::vector<const U*>&, R&);
+
+    // A new item: its token's queries in place, and empty accumulators and softmax state.
+    void begin(int token) {
         load_queries(token);
         std::fill(acc_.begin(), acc_.end(), 0.0f);
         std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
         std::fill(sum_.begin(), sum_.end(), 0.0f);
-        if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
-            key_rows(p_, p_.block_tables + item.seq * p_.block_table_stride, lo, hi, rows_);
-            Prefetchers<T, kChunk, kDim> ahead(p_, rows_.data(), hi - lo);
-            for (int chunk = lo; chunk < hi; chunk += kChunk) {
-                const int n = std::min(kChunk, hi - chunk);
-                const T* const* keys = rows_.data() + (chunk - lo);
-                for (int h = 0; h < heads_; ++h) {
-                    scores(h, keys, n, ahead);
-                    softmax(h, n);
-                    values(h, keys, n, ahead);
-                }
-            }
-        }
-        store(item, token);
     }
 
-  private:
     const KvtParams& p_;
     const int heads_;
     std::vector<const T*> rows_;

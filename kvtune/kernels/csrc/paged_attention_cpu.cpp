@@ -494,6 +494,33 @@ ALWAYS_INLINE v16 max_within_quads(v16 x) {
     return b > x ? b : x;
 }
 
+// One decode item, the walk both decode runners take (DecodeRunner below; DecodeRunner8 on AVX2): the item's
+// share of the keys (its split), their rows looked up once, the prefetch stream ahead of the reads, then
+// chunk by chunk and head by head: scores, online softmax, values. The runner brings the arithmetic.
+template <int kDim, typename T, typename Runner>
+void run_decode_item(const KvtParams& p, const Item& item, std::vector<const T*>& rows, Runner& runner) {
+    const int token = p.query_start_loc[item.seq];
+    const int seq_len = p.seq_lens[item.seq];
+    const int per_split = (seq_len + p.num_splits - 1) / p.num_splits;
+    const int lo = item.split * per_split;
+    const int hi = std::min(seq_len, lo + per_split);
+    runner.begin(token);
+    if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
+        key_rows(p, p.block_tables + item.seq * p.block_table_stride, lo, hi, rows);
+        Prefetchers<T, kDecodeChunk, kDim> ahead(p, rows.data(), hi - lo);
+        for (int chunk = lo; chunk < hi; chunk += kDecodeChunk) {
+            const int n = std::min(kDecodeChunk, hi - chunk);
+            const T* const* keys = rows.data() + (chunk - lo);
+            for (int h = 0; h < p.num_kv_heads; ++h) {
+                runner.scores(h, keys, n, ahead);
+                runner.softmax(h, n);
+                runner.values(h, keys, n, ahead);
+            }
+        }
+    }
+    runner.store(item, token);
+}
+
 // Decode (one query token per sequence) with the group size and head_dim known at compile time. An item is
 // a (sequence, key split) with all its KV heads; its keys are taken in chunks of 64 (a chunk's K and V rows
 // stay in L1/L2), and within a chunk head by head: scores, online softmax, values.
@@ -544,33 +571,20 @@ class DecodeRunner {
           q16_(kDotBf16 ? static_cast<size_t>(heads_) * kRowSets * kDim * 4 : 0),
           p16_(kDotBf16 ? scores_.size() : 0) {}
 
-    void run(const Item& item) {
-        const int token = p_.query_start_loc[item.seq];
-        const int seq_len = p_.seq_lens[item.seq];
-        const int per_split = (seq_len + p_.num_splits - 1) / p_.num_splits;
-        const int lo = item.split * per_split;
-        const int hi = std::min(seq_len, lo + per_split);
+    void run(const Item& item) { run_decode_item<kDim>(p_, item, rows_, *this); }
+
+  private:
+    template <int kD, typename U, typename R>
+    friend void run_decode_item(const KvtParams&, const Item&, std::vector<const U*>&, R&);
+
+    // A new item: its token's queries in place, and empty accumulators and softmax state.
+    void begin(int token) {
         load_queries(token);
         std::fill(acc_.begin(), acc_.end(), 0.0f);
         std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
         std::fill(sum_.begin(), sum_.end(), 0.0f);
-        if (lo < hi) {  // a split past a short sequence's end holds no keys (and no table entry to look up)
-            key_rows(p_, p_.block_tables + item.seq * p_.block_table_stride, lo, hi, rows_);
-            Prefetchers<T, kChunk, kDim> ahead(p_, rows_.data(), hi - lo);
-            for (int chunk = lo; chunk < hi; chunk += kChunk) {
-                const int n = std::min(kChunk, hi - chunk);
-                const T* const* keys = rows_.data() + (chunk - lo);
-                for (int h = 0; h < heads_; ++h) {
-                    scores(h, keys, n, ahead);
-                    softmax(h, n);
-                    values(h, keys, n, ahead);
-                }
-            }
-        }
-        store(item, token);
     }
 
-  private:
     const KvtParams& p_;
     const int heads_;
     std::vector<const T*> rows_;
