@@ -91,12 +91,16 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     policy = {"namespace": "local", "policy": local_policy_name(engine.url)}
     lower = {**policy, "remedy": "lower_max_num_seqs"}
     try:
-        acted = wait_for_series(url, "kvtune_operator_actions_total", 25, **lower, result="applied")
+        # deadlines that only catch a hang: the action shows within ~10 s, the outage within ~2 s
+        acted = wait_for_series(url, "kvtune_operator_actions_total", 120, **lower, result="applied")
         scraped_at = time.time()
+        # the real ceiling needs requests that finished in the window, which the first action need not have
+        # waited for (it acts on preemptions): a later evaluation under the same load shows it
+        measured = wait_for_series(url, "kvtune_operator_concurrency_ceiling", 120, **policy, kind="real")
         load.stop()
         stopping = time.time()
         engine.stop()
-        down = wait_for_series(url, "kvtune_operator_no_data_total", 10, at_least=3, **policy)
+        down = wait_for_series(url, "kvtune_operator_no_data_total", 60, at_least=3, **policy)
     finally:
         load.stop()
         operator.terminate()
@@ -116,10 +120,10 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     )
     assert series_value(acted, "kvtune_operator_ladder_rung", **policy) == 2
     assert series_value(acted, "kvtune_operator_condition", **policy, type="Preempting") == 1
-    real = series_value(acted, "kvtune_operator_concurrency_ceiling", **policy, kind="real")
+    real = series_value(measured, "kvtune_operator_concurrency_ceiling", **policy, kind="real")
     assert real is not None and 1 <= real < 64
     evaluated = series_value(acted, "kvtune_operator_last_evaluation_timestamp_seconds", **policy)
-    assert evaluated is not None and scraped_at - evaluated < 6 * INTERVAL  # within a few ticks
+    assert evaluated is not None and stamp <= evaluated <= scraped_at  # the acting tick's, or a later one
 
     assert not {"kvtune_operator_knob", "kvtune_operator_condition"} & series_names(down)  # unknown now
     after = series_value(down, "kvtune_operator_last_evaluation_timestamp_seconds", **policy)
