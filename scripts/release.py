@@ -43,7 +43,9 @@ def versions() -> dict[str, str]:
 def problems() -> list[str]:
     found = versions()
     wanted = found["pyproject.toml"]
-    lines = [f"{where} says {value}, pyproject.toml {wanted}" for where, value in found.items() if value != wanted]
+    lines = [
+        f"{where} says {value}, pyproject.toml {wanted}" for where, value in found.items() if value != wanted
+    ]
     if not re.search(rf"^## {re.escape(wanted)}\b", (REPO / "CHANGELOG.md").read_text(), re.M):
         lines.append(f"CHANGELOG.md has no '## {wanted}' entry")
     return lines
@@ -84,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "build":
         for path in build(args.out):
             print(path)
-        print(f"next: git tag -a v{version} -m 'kvtune {version}' && git push origin v{version} (docs/releasing.md)")
+        print(
+            f"next: git tag -a v{version} -m 'kvtune {version}' && git push origin v{version} (docs/releasing.md)"
+        )
     return 0
 
 
