@@ -373,3 +373,10 @@ def start_server(
         server.stop()
         raise
     return server
+
+
+if __name__ == "__main__":  # `make vllm-harness`: install once, print the interpreter
+    try:
+        print(ensure_venv())
+    except KvtuneError as err:
+        sys.exit(f"error: {err}")
