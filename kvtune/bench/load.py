@@ -227,7 +227,10 @@ async def run_open_loop(
 
 
 # --- closed loop, until stopped ---------------------------------------------------------------------------
-FAILURE_PAUSE_S = 0.2  # a client whose request failed (an engine restarting) waits this long, not spinning
+# A client whose request failed (an engine restarting) backs off as real clients do, 0.2 s doubling to 2 s, so
+# a restart costs each client a handful of refused attempts, not one every 0.2 s.
+FAILURE_PAUSE_S = 0.2
+FAILURE_PAUSE_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ async def _client(
     stop: threading.Event,
     tally: LoadTally,
 ) -> None:
+    failed_in_a_row = 0
     while not stop.is_set():
         head = shape.prompt_head() if shape.prompt_head is not None else []
         prompt = head + [rng.randrange(32, 127) for _ in range(rng.randint(*shape.prompt_len))]
@@ -303,9 +307,10 @@ async def _client(
             result = await post_completion(http, url, body)
         else:
             result = await stream_completion(http, url, {**body, "stream": True}, read_tokens=max_tokens)
+        failed_in_a_row = 0 if result.ok else failed_in_a_row + 1
         if not result.ok:
             tally.failures.append(Failure(time.time(), str(result.error)))
-            await asyncio.sleep(FAILURE_PAUSE_S)
+            await asyncio.sleep(min(FAILURE_PAUSE_S * 2 ** (failed_in_a_row - 1), FAILURE_PAUSE_MAX_S))
         elif result.output_tokens != max_tokens:
             tally.failures.append(
                 Failure(time.time(), f"{result.output_tokens} of {max_tokens} tokens generated")

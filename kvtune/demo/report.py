@@ -79,7 +79,8 @@ def _failures_section(failures: dict[str, dict[str, int]]) -> str:
         return "<h2>Failed requests</h2><p>None: every request the clients sent was answered in full.</p>"
     return (
         "<h2>Failed requests, by phase and cause</h2><p>What the clients saw when a request was not answered in "
-        "full. While the engine restarts for FP8 its port refuses connections, and the clients retry.</p>"
+        "full. While the engine restarts for FP8 its port refuses connections, and the clients retry with a "
+        "backoff (0.2 s, doubling to 2 s), as real clients do.</p>"
         + _table(["phase", "cause", "requests"], failure_rows(failures))
     )
 
