@@ -387,9 +387,12 @@ class OriginalValues(CamelModel):
 
     @staticmethod
     def of(values: Mapping[str, int | str | None]) -> OriginalValues | None:
-        if not values:
-            return None
-        return OriginalValues.model_validate({k: UNSET if v is None else v for k, v in values.items()})
+        """The first values as status holds them: a numeric knob that was not set is UNSET; a cache dtype
+        that was not known is left out (nothing to put back)."""
+        kept = {
+            k: UNSET if v is None else v for k, v in values.items() if v is not None or k != "kv_cache_dtype"
+        }
+        return OriginalValues.model_validate(kept) if kept else None
 
     def values(self) -> dict[str, int | str | None]:
         return {k: None if v == UNSET else v for k, v in self.model_dump(exclude_none=True).items()}

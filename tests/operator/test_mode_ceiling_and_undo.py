@@ -252,3 +252,14 @@ async def test_kopf_reads_the_ceiling_from_its_memo_and_the_undo_from_the_annota
     assert read_flag(container_args(kube), "--max-num-seqs") == 64
     found = status(kube)
     assert found["undo"]["request"] == "please" and found["mode"] == "Recommend"
+
+
+def test_first_values_round_trip_through_status() -> None:
+    """Status cannot hold a meaningful null: a knob that was not set is 0 there, and comes back as None."""
+    from kvtune.operator.crd import OriginalValues
+
+    first = {"max_num_seqs": None, "max_tokens_cap": 512}
+    saved = OriginalValues.of(first)
+    assert saved is not None and saved.dump() == {"maxNumSeqs": 0, "maxTokensCap": 512}
+    assert OriginalValues.model_validate(saved.dump()).values() == first
+    assert OriginalValues.of({}) is None and OriginalValues.of({"kv_cache_dtype": None}) is None
