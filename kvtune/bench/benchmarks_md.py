@@ -16,14 +16,14 @@ HEADER = (
 
 
 def vector_isa(flags: set[str]) -> str:
-    """The vector extensions that decide CPU figures here (the kernel's width, native or emulated bf16), in
-    words: the same model name is sold with and without AVX-512."""
+    """The vector extensions that decide CPU figures here, in words: the kernel's width (AVX2 or AVX-512),
+    native bf16 dot products (AVX512-BF16) and AMX tiles, which oneDNN's bf16 GEMMs (vLLM's) take. The same
+    model name is sold with and without AVX-512, so the name alone does not say which figures apply."""
+    amx = "AMX" if "amx_bf16" in flags or "amx_tile" in flags else "no AMX"
     if "avx512f" in flags:
-        native_bf16 = [
-            name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16")) if flag in flags
-        ]
-        return "AVX-512" + (", " + ", ".join(native_bf16) if native_bf16 else ", no native bf16")
-    return "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
+        bf16 = "with AVX512-BF16" if "avx512_bf16" in flags else "without native bf16"
+        return f"AVX-512 {bf16}, {amx}"
+    return f"AVX2, no AVX-512, {amx}" if "avx2" in flags else f"no AVX2, {amx}"
 
 
 def machine_description() -> str:

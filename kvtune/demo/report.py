@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtune.demo.report_charts import draw_charts
-from kvtune.demo.report_summary import NOT_AVAILABLE, outcome_rows, summary_json
+from kvtune.demo.report_summary import NOT_AVAILABLE, failure_rows, outcome_rows, summary_json
 from kvtune.demo.timeline import Timeline
 from kvtune.sim.plot import plot_memory_maps
 from kvtune.sim.scenarios import seed_config
@@ -74,6 +74,17 @@ def _figure(name: str, title: str, caption: str) -> str:
     )
 
 
+def _failures_section(failures: dict[str, dict[str, int]]) -> str:
+    if not failures:
+        return "<h2>Failed requests</h2><p>None: every request the clients sent was answered in full.</p>"
+    return (
+        "<h2>Failed requests, by phase and cause</h2><p>What the clients saw when a request was not answered in "
+        "full. While the engine restarts for FP8 its port refuses connections, and the clients retry with a "
+        "backoff (0.2 s, doubling to 2 s), as real clients do.</p>"
+        + _table(["phase", "cause", "requests"], failure_rows(failures))
+    )
+
+
 def _seed_section(seeds: int) -> str:
     started = time.perf_counter()
     table = format_table(seed_figures(seeds=seeds))
@@ -113,13 +124,15 @@ def write_index(timeline: Timeline, out_dir: Path, seeds: int, with_simulation: 
             [[META_NAMES.get(k, k), _meta_value(k, v)] for k, v in timeline.meta.items()],
         ),
         "<h2>Before and after</h2>",
-        "<p>Measured at the start (before the first action) and at the end (after the last one), checked "
-        "against the goals.</p>",
+        '<p>Measured over two named windows: "before", the engine in trouble, observed before the operator '
+        'may act; "after", once the operator has held still. Each figure is counted over its window, whose '
+        "length the first row gives, and checked against the goals.</p>",
         _table(
             ["figure", "before", "after", "goal", "verdict"],
             [[r.figure, r.before, r.after, r.goal, r.verdict] for r in rows],
             [VERDICT_CLASSES.get(r.verdict, "") for r in rows],
         ),
+        _failures_section(timeline.failures),
         "<h2>The ladder, in order</h2>",
         _table(
             ["time (s)", "rung", "what", "knob", "from → to", "evidence"],

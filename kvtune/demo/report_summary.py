@@ -17,9 +17,11 @@ FLAG_WHERE = re.compile(r"^(\w+): tokens (\d+(?:-\d+)?)")
 
 
 def summary_json(timeline: Timeline) -> dict[str, Any]:
-    """The issue's summary.json: the measured before/after figures and the ladder's actions in the order
-    they happened, each rung named as `kvtune doctor --json` names it."""
+    """The issue's summary.json: the measured before/after figures (each with its window), failed requests
+    by phase and cause, and the ladder's actions in the order they happened, each rung named as `kvtune
+    doctor --json` names it."""
     return {
+        "failures": {phase: dict(causes) for phase, causes in timeline.failures.items()},
         "before": None if timeline.before is None else asdict(timeline.before),
         "after": None if timeline.after is None else asdict(timeline.after),
         "actions": [
@@ -38,10 +40,6 @@ def summary_json(timeline: Timeline) -> dict[str, Any]:
 
 def tokens_per_second(value: float | None) -> str:
     return NOT_AVAILABLE if value is None else f"{value:,.1f} tokens/s"
-
-
-def count(value: float | None) -> str:
-    return NOT_AVAILABLE if value is None else f"{value:,.0f}"
 
 
 def seconds(value: float | None) -> str:
@@ -68,39 +66,84 @@ def _verdict(holds: bool | None) -> str:
     return NOT_AVAILABLE if holds is None else ("met" if holds else "not met")
 
 
+def preemptions_in(figures: Figures | None) -> str:
+    """ "12 in 24.0 s (30.0/min)": the count, the window it was counted over, and the rate per minute."""
+    if figures is None or figures.preemptions is None or figures.preemptions_per_minute is None:
+        return NOT_AVAILABLE
+    return (
+        f"{figures.preemptions:,.0f} in {figures.window_s:,.1f} s ({figures.preemptions_per_minute:,.1f}/min)"
+    )
+
+
+def figures_line(figures: Figures | None) -> str:
+    """One line for the terminal: the window, then what was counted over it."""
+    if figures is None:
+        return NOT_AVAILABLE
+    return (
+        f"{figures.window} (t {figures.t_from:.0f}-{figures.t_to:.0f} s): preemptions {preemptions_in(figures)}, "
+        f"{tokens_per_second(figures.throughput)}, p95 {seconds(figures.p95_latency_s)}, "
+        f"hit rate {percent(figures.hit_rate)}"
+    )
+
+
 def outcome_rows(before: Figures | None, after: Figures | None) -> list[OutcomeRow]:
-    """The issue's three goals (no preemption in the last minute, hit rate above 80%, throughput at least the
+    """The issue's three goals (no preemption once settled, hit rate above 80%, throughput at least the
     starting throughput) judged on the measured figures, plus the p95 latency for reference."""
-    empty = Figures(None, None, None, None)
-    b, a = before or empty, after or empty
-    throughput_holds = None if a.throughput is None or b.throughput is None else a.throughput >= b.throughput
-    preemptions_hold = None if a.preemptions_last_minute is None else a.preemptions_last_minute == 0
-    hit_rate_holds = None if a.hit_rate is None else a.hit_rate > HIT_RATE_GOAL
+    throughput_holds = None
+    if (
+        after is not None
+        and before is not None
+        and after.throughput is not None
+        and before.throughput is not None
+    ):
+        throughput_holds = after.throughput >= before.throughput
+    preemptions_hold = None if after is None or after.preemptions is None else after.preemptions == 0
+    hit_rate_holds = None if after is None or after.hit_rate is None else after.hit_rate > HIT_RATE_GOAL
     return [
         OutcomeRow(
+            "window",
+            NOT_AVAILABLE if before is None else before.window,
+            NOT_AVAILABLE if after is None else after.window,
+            "",
+            "",
+        ),
+        OutcomeRow(
             "generation throughput",
-            tokens_per_second(b.throughput),
-            tokens_per_second(a.throughput),
+            tokens_per_second(None if before is None else before.throughput),
+            tokens_per_second(None if after is None else after.throughput),
             "at least the starting throughput",
             _verdict(throughput_holds),
         ),
         OutcomeRow(
-            "preemptions over the last minute",
-            count(b.preemptions_last_minute),
-            count(a.preemptions_last_minute),
-            "0",
+            "preemptions",
+            preemptions_in(before),
+            preemptions_in(after),
+            "0 once settled",
             _verdict(preemptions_hold),
         ),
         OutcomeRow(
-            "p95 request latency", seconds(b.p95_latency_s), seconds(a.p95_latency_s), "(reference)", ""
+            "p95 request latency",
+            seconds(None if before is None else before.p95_latency_s),
+            seconds(None if after is None else after.p95_latency_s),
+            "(reference)",
+            "",
         ),
         OutcomeRow(
             "prefix-cache hit rate",
-            percent(b.hit_rate),
-            percent(a.hit_rate),
+            percent(None if before is None else before.hit_rate),
+            percent(None if after is None else after.hit_rate),
             f"above {HIT_RATE_GOAL:.0%}",
             _verdict(hit_rate_holds),
         ),
+    ]
+
+
+def failure_rows(failures: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One row per (phase, cause) with its count, phases in the run's order, the biggest cause first."""
+    return [
+        [phase, cause, f"{number:,}"]
+        for phase, causes in failures.items()
+        for cause, number in sorted(causes.items(), key=lambda item: -item[1])
     ]
 
 

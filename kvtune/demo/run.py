@@ -8,8 +8,8 @@ with `--kv-cache-dtype fp8` at the same bytes (the operator puts its desired val
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-import itertools
 import secrets
 import statistics
 import tempfile
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from kvtune.bench.load import BackgroundLoad
+from kvtune.bench.load import BackgroundLoad, Failure, failure_cause
 from kvtune.demo.engine import Engine, EngineSpec
 from kvtune.demo.recorder import Recorder, RecordingSource
 from kvtune.demo.timeline import Action, Figures, Point, Timeline, span_hit_rate
@@ -41,7 +41,7 @@ from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.local import run_loop
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
-from kvtune.operator.sample import NoData
+from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricsEndpoint
 
 KV_BYTES_PER_TOKEN_BF16 = 2 * 4 * 2 * 32 * 2  # K and V x 4 layers x 2 KV heads x head_dim 32 x 2 bytes
@@ -56,7 +56,11 @@ class DemoPlan:
     user_reads_s: float  # how long the user takes to act on the flag
     hit_rate_rise_s: float  # the workload after the move, before the FP8 restart
     settle_s: float  # after the restart: the "after" figures' window ("the last minute")
-    before_s: float  # the "before" figures' window, from the first second of load
+    # The "before" window, the engine in trouble observed before the operator may act: at least this many
+    # evaluation windows and this many preemptions, whichever takes longer, so a fast CPU (which reaches
+    # trouble sooner) shows as much of it as a slow one.
+    before_windows: int
+    before_preemptions: int
     ladder_timeout_s: float  # a rung that has not fired by then fails the demo (never faked)
 
     @property
@@ -65,9 +69,11 @@ class DemoPlan:
 
 
 FULL = DemoPlan(clients=24, kv_pool_tokens=4096, evaluation_s=8, interval_s=1.0, user_reads_s=5,
-                hit_rate_rise_s=15, settle_s=60, before_s=60, ladder_timeout_s=150)  # fmt: skip
+                hit_rate_rise_s=15, settle_s=60, before_windows=3, before_preemptions=10,
+                ladder_timeout_s=150)  # fmt: skip
 QUICK = DemoPlan(clients=24, kv_pool_tokens=4096, evaluation_s=5, interval_s=1.0, user_reads_s=2,
-                 hit_rate_rise_s=6, settle_s=15, before_s=15, ladder_timeout_s=70)  # fmt: skip
+                 hit_rate_rise_s=6, settle_s=15, before_windows=3, before_preemptions=10,
+                 ladder_timeout_s=70)  # fmt: skip
 START_MAX_NUM_SEQS = 256
 HIT_RATE_GOAL = 0.8  # the issue's goal for the prefix-cache hit rate once the timestamp has moved
 MIN_FINISHED = 10  # finished requests before the operator starts: a generation-length distribution
@@ -100,14 +106,15 @@ class Demo:
             pool_auto = pool_tokens(engines[-1].url)
             layout = PromptLayout(shared_prompt())
             load = BackgroundLoad(engines[-1].url, load_shape(self.plan.clients, layout)).start()
-            load_started = time.time()
             stack.callback(lambda: load.stop(30))
             stack.callback(_stop_all, engines)  # first: in-flight requests end
-            self.view.message("the load is on; the operator starts once the engine is in trouble")
+            observe_s = self.plan.before_windows * self.plan.evaluation_s
+            self.view.message(f"the load is on; the operator may act once the engine has been seen in trouble for "
+                              f"{observe_s:.0f} s and {self.plan.before_preemptions} preemptions")  # fmt: skip
             source = RecordingSource(MetricsEndpoint(engines[-1].url))
             recorder = Recorder(source, self.started, phase="0 in trouble")
-            self._wait_for_trouble(source, recorder)
-            recorder.phase = "1 cap max_tokens"
+            before_from, before_to = self._observe_trouble(source, recorder)
+            recorder.enter("1 cap max_tokens")
             policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=self.plan.evaluation_s,
                                   cooldown_s=self.plan.evaluation_s, shared_prefix_tokens=SHARED_PROMPT_TOKENS, max_step=START_MAX_NUM_SEQS)  # fmt: skip
             actuator = KvtuneAdminActuator(engines[-1].url, token)
@@ -120,11 +127,11 @@ class Demo:
             stack.callback(self.stop_event.set)
 
             self._wait_for(recorder, lambda: _has(recorder, "cap_max_tokens", "applied"), "1 cap max_tokens")
-            recorder.phase = "2 lower max_num_seqs"
+            recorder.enter("2 lower max_num_seqs")
             self._wait_for(
                 recorder, lambda: _has(recorder, "flag_prefix_defeat", "flagged"), "2 lower max_num_seqs"
             )
-            recorder.phase = "3 prefix defeat"
+            recorder.enter("3 prefix defeat")
             self._sleep(recorder, self.plan.user_reads_s)
             hit_before = span_hit_rate(recorder.points[-5:])
             where = prefix_where(engines[-1].url)
@@ -141,7 +148,7 @@ class Demo:
             self._wait_for(
                 recorder, lambda: _has(recorder, "recommend_fp8_kv", "recommended"), "3 prefix defeat"
             )
-            recorder.phase = "4 FP8 KV"
+            recorder.enter("4 FP8 KV")
             running_before = _mean([p.running for p in recorder.points[-5:]])
             restarted_at = self.now()  # the user's action: before it, the operator's re-applied cap after it
             engines[-1].stop()
@@ -155,10 +162,10 @@ class Demo:
             # "after" window starts once it has held still, preemption-free, for two evaluation windows
             self._wait_until(recorder, lambda: _quiet(recorder, self.now(), 2 * self.plan.evaluation_s),
                              self.plan.ladder_timeout_s)  # fmt: skip
-            recorder.phase = "settled"
-            settle_from = time.time()
+            recorder.enter("settled")
+            settle_from_t = recorder.points[-1].t
             self._sleep(recorder, self.plan.settle_s)
-            running_after = _mean([p.running for p in recorder.points if p.t >= settle_from - self.started])
+            running_after = _mean([p.running for p in recorder.points if p.t > settle_from_t])
             self.stop_event.set()
             operator.join(30)
             tally = load.stop(30)
@@ -168,38 +175,56 @@ class Demo:
                 "max_tokens_answered": list(ANSWER_TOKENS), "shared_prompt_tokens": SHARED_PROMPT_TOKENS,
                 "quick": self.quick, "started_at": self.started, "duration_s": round(time.time() - self.started, 1),
                 "running_mean_before_fp8": running_before, "running_mean_after_fp8": running_after,
-                "requests_completed": tally.completed, "requests_failed": len(tally.failures),
-                "engine_pids": [engine.pid for engine in engines], "port": self.port,
+                "requests_sent": tally.sent, "requests_completed": tally.completed,
+                "requests_failed": len(tally.failures), "engine_pids": [engine.pid for engine in engines],
+                "port": self.port,
             }  # fmt: skip
-            load_from = load_started - self.started
-            before = figures(recorder.points, tally.latencies, self.started, load_from + 3,
-                             min(load_from + 3 + self.plan.before_s, _first_action_t(recorder)))  # fmt: skip
-            after = figures(recorder.points, tally.latencies, self.started, settle_from - self.started, None)
-            return Timeline(list(recorder.points), list(recorder.actions), before, after, meta)
+            points = list(recorder.points)
+            before = figures("the engine in trouble, before the operator may act", points, tally.latencies,
+                             self.started, before_from, before_to)  # fmt: skip
+            after = figures("settled: the operator held still, preemption-free", points, tally.latencies,
+                            self.started, settle_from_t, points[-1].t)  # fmt: skip
+            failures = failures_by_phase(tally.failures, list(recorder.phases), self.started)
+            return Timeline(points, list(recorder.actions), before, after, meta, failures)
 
-    def _wait_for_trouble(self, source: RecordingSource, recorder: Recorder) -> None:
-        """Until the engine preempts and enough requests finished to size a cap from: the operator then meets
-        the seed's situation (an engine already in trouble), not the cold start before it. Meanwhile the
-        recorder samples the engine every interval from the first second of load: the "before" figures are
-        this engine in trouble, measured, before any action."""
+    def _observe_trouble(self, source: RecordingSource, recorder: Recorder) -> tuple[float, float]:
+        """The "before" window, in seconds since the start: the engine in trouble, watched before the operator
+        may act. It opens at the sample before the first preemption and closes once it has lasted
+        `before_windows` evaluation windows and counted `before_preemptions` preemptions, whichever is later,
+        with the engine still preempting (the operator's first window must see it, or it reads a full pool
+        without preemption and flags the prefix before the cap) and enough requests finished to size a cap."""
         deadline = time.monotonic() + self.plan.ladder_timeout_s
-        preempted, streak = 0.0, 0  # streak: samples in a row that saw a preemption (a burst, not a blip)
+        observe_s = self.plan.before_windows * self.plan.evaluation_s
+        previous: Sample | None = None
+        opened: float | None = None
+        counted, streak = 0.0, 0  # streak: samples in a row that saw a preemption (a burst, not a blip)
         while time.monotonic() < deadline:
             tick_started = time.monotonic()
             sample = source.read()
             if not isinstance(sample, NoData):
                 recorder.observe(sample, START_MAX_NUM_SEQS, None)
                 self._refresh(recorder)
+                increase = counter_increase(previous, sample, m.PREEMPTIONS)
+                if opened is None and increase > 0 and previous is not None:
+                    opened = round(previous.timestamp - self.started, 2)
+                counted += increase if opened is not None else 0.0
+                streak = streak + 1 if increase > 0 else 0
+                previous = sample
                 finished = sample.histograms.get(m.REQUEST_GENERATION_TOKENS)
-                # preempting now, not once at warm-up: the operator's first window must see it, or it reads
-                # a full pool without preemption and flags the prefix before the cap
-                streak = streak + 1 if sample.counters.get(m.PREEMPTIONS, 0) > preempted else 0
-                preempted = sample.counters.get(m.PREEMPTIONS, 0)
-                if streak >= 2 and finished and finished.count >= MIN_FINISHED:
-                    return
+                now = round(sample.timestamp - self.started, 2)
+                if (
+                    opened is not None
+                    and now - opened >= observe_s
+                    and counted >= self.plan.before_preemptions
+                    and streak >= 2
+                    and finished
+                    and finished.count >= MIN_FINISHED
+                ):
+                    return opened, now
             time.sleep(max(0.0, self.plan.interval_s - (time.monotonic() - tick_started)))
         raise KvtuneError(
-            f"the engine did not preempt within {self.plan.ladder_timeout_s:.0f} s: no trouble to fix"
+            f"the engine was not seen in trouble ({self.plan.before_preemptions} preemptions over at least "
+            f"{observe_s:.0f} s, still preempting) within {self.plan.ladder_timeout_s:.0f} s: no trouble to fix"
         )
 
     def _boot(self, spec: EngineSpec, kv_cache_dtype: str) -> Engine:
@@ -258,10 +283,6 @@ def _quiet(recorder: Recorder, now: float, seconds: float) -> bool:
     return covered and not acted and all((p.preemptions_per_s or 0.0) == 0.0 for p in recent)
 
 
-def _first_action_t(recorder: Recorder) -> float:
-    return next((a.t for a in recorder.actions), float("inf"))
-
-
 def _mean(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.fmean(present), 3) if present else None
@@ -287,23 +308,49 @@ def prefix_where(url: str) -> str:
     return entry_line(entries[0]) if entries else "the engine's prefix report had no defeat to show"
 
 
-def figures(points: list[Point], latencies: list[tuple[float, float]], started: float, t_from: float,
-            t_to: float | None) -> Figures:  # fmt: skip
-    """Measured over [t_from, t_to) seconds since the start: mean throughput, preemptions counted over the
-    span (per-interval rates x interval), the hit rate as the span's hit tokens over its looked-up tokens
-    (a mean of per-second ratios would weigh a second with one short prompt like a busy one), p95 of the
-    client-side request latencies."""
-    span = [p for p in points if p.t >= t_from and (t_to is None or p.t < t_to)]
-    preemptions = None
-    if len(span) >= 2:
-        total = 0.0
-        for previous, point in itertools.pairwise(span):
-            total += (point.preemptions_per_s or 0.0) * (point.t - previous.t)
-        preemptions = round(total, 1)
-    done = [s for at, s in latencies if at - started >= t_from and (t_to is None or at - started < t_to)]
+def counter_increase(before: Sample | None, now: Sample, key: str) -> float:
+    """A counter's increase between two samples of one engine; 0 for the first sample or a fall (restart)."""
+    if before is None or key not in now.counters or key not in before.counters:
+        return 0.0
+    return max(0.0, now.counters[key] - before.counters[key])
+
+
+def figures(window: str, points: list[Point], latencies: list[tuple[float, float]], started: float,
+            t_from: float, t_to: float) -> Figures:  # fmt: skip
+    """Measured over the points in (t_from, t_to], seconds since the start: the preemption counter's
+    increase (and per minute of the window), mean throughput, the hit rate as the span's hit tokens over its
+    looked-up tokens (a mean of per-second ratios would weigh a second with one short prompt like a busy
+    one), p95 of the client-side latencies of the requests that finished in the window."""
+    span = [p for p in points if t_from < p.t <= t_to]
+    increases = [p.preemptions for p in span]
+    counted = None if not span or None in increases else round(sum(i or 0.0 for i in increases), 1)
+    window_s = round(t_to - t_from, 1)
+    per_minute = None if counted is None or window_s <= 0 else round(counted / window_s * 60, 1)
+    done = [s for at, s in latencies if t_from < at - started <= t_to]
     return Figures(
+        window=window,
+        t_from=t_from,
+        t_to=t_to,
+        window_s=window_s,
+        preemptions=counted,
+        preemptions_per_minute=per_minute,
         throughput=_mean([p.throughput for p in span]),
-        preemptions_last_minute=preemptions,
         p95_latency_s=round(float(np.percentile(done, 95)), 2) if done else None,
         hit_rate=span_hit_rate(span),
     )
+
+
+def failures_by_phase(
+    failures: list[Failure], phases: list[tuple[float, str]], started: float
+) -> dict[str, dict[str, int]]:
+    """phase -> cause -> failed requests: each failure falls in the phase under way when the client gave up
+    (`phases`: (seconds since the start, phase) at each change; before the first, the first), phases in
+    the run's order."""
+    times = [t for t, _ in phases]
+    tallied: dict[str, dict[str, int]] = {phase: {} for _, phase in phases}
+    for failure in failures:
+        index = max(0, bisect.bisect_right(times, failure.at - started) - 1)
+        causes = tallied[phases[index][1]]
+        cause = failure_cause(failure.error)
+        causes[cause] = causes.get(cause, 0) + 1
+    return {phase: causes for phase, causes in tallied.items() if causes}

@@ -29,6 +29,7 @@ class Point:
     waiting: float | None
     prefix_queries: float | None = None  # prompt tokens looked up in the prefix cache over the interval
     prefix_hits: float | None = None  # of those, the tokens found: a span's hit rate is hits / queries
+    preemptions: float | None = None  # vllm:num_preemptions_total's increase over the interval
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,17 @@ class Action:
 
 @dataclass(frozen=True)
 class Figures:
-    """A "before" or "after" summary, measured."""
+    """A "before" or "after" window's figures, measured over the points in (t_from, t_to]: each says what it
+    counts and over how long, so "12 preemptions in 24 s" is never read as a minute's worth."""
 
-    throughput: float | None  # generation tokens/s
-    preemptions_last_minute: float | None
-    p95_latency_s: float | None  # end-to-end request latency, p95
+    window: str  # what the window is, in words
+    t_from: float  # seconds since the demo started
+    t_to: float
+    window_s: float
+    preemptions: float | None  # the preemption counter's increase over the window
+    preemptions_per_minute: float | None  # preemptions / window_s x 60
+    throughput: float | None  # generation tokens/s, the mean of the window's intervals
+    p95_latency_s: float | None  # end-to-end request latency of the requests finished in the window, p95
     hit_rate: float | None
 
 
@@ -67,6 +74,8 @@ class Timeline:
     # kv pool tokens (auto and fp8), block size, clients, max_tokens declared/answered, shared prompt
     # tokens, quick flag, started_at (epoch), duration_s
     meta: dict[str, Any] = field(default_factory=dict)
+    # failed requests: phase -> cause -> count (an engine restarting refuses connections, say)
+    failures: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +84,7 @@ class Timeline:
             "before": None if self.before is None else asdict(self.before),
             "after": None if self.after is None else asdict(self.after),
             "meta": dict(self.meta),
+            "failures": {phase: dict(causes) for phase, causes in self.failures.items()},
         }
 
     @staticmethod
@@ -85,6 +95,7 @@ class Timeline:
             before=_figures(data.get("before")),
             after=_figures(data.get("after")),
             meta=dict(data.get("meta", {})),
+            failures={phase: dict(causes) for phase, causes in data.get("failures", {}).items()},
         )
 
 

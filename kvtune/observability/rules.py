@@ -15,14 +15,25 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from kvtune import __version__
+
 KEEP = ("namespace", "pod", "model_name")
 RATE_WINDOW = "5m"
-RUNBOOK_URL = "https://github.com/kvtune/kvtune/blob/main/README.md#runbook-{anchor}"
-# Filled in by whoever reads the alert: the Prometheus the alert came from.
-DOCTOR_COMMAND = (
-    "kvtune doctor --prometheus <PROMETHEUS_URL> "
-    '--selector \'namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"\''
-)
+# One page per alert under docs/runbooks/, at this release's tag (a test resolves every one to its file).
+RUNBOOK_BASE = f"https://github.com/kvtune/kvtune/blob/v{__version__}/docs/runbooks"
+RUNBOOK_DIR = "docs/runbooks"
+# Zero-install: the operator's image holds `kvtune doctor`, so on-call runs it where the operator runs. Spelt
+# for the chart's defaults (release "kvtune" in "kvtune-system"); the chart rewrites the namespace, the
+# Deployment and <PROMETHEUS_URL> for its release (monitoring.prometheusRule.prometheusUrl).
+DOCTOR_EXEC = "kubectl -n kvtune-system exec deploy/kvtune --"
+PROMETHEUS_PLACEHOLDER = "<PROMETHEUS_URL>"
+
+
+def doctor_command(selector: str) -> str:
+    return f"{DOCTOR_EXEC} kvtune doctor --prometheus {PROMETHEUS_PLACEHOLDER} --selector '{selector}' --since 1h"
+
+
+DOCTOR_COMMAND = doctor_command('namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"')
 ENGINE_GROUP = "kvtune-engine.rules"
 ENGINE_ALERT_GROUP = "kvtune-engine.alerts"
 OPERATOR_ALERT_GROUP = "kvtune-operator.alerts"
@@ -38,7 +49,8 @@ class RecordingRule:
 
 @dataclass(frozen=True)
 class AlertRule:
-    """An alert with what a person paged needs: what happened where, the runbook, the doctor command."""
+    """An alert with what a person paged needs: what happened where, the runbook, the doctor command.
+    Severity: `critical` pages (act now), `warning` is a ticket for working hours."""
 
     alert: str
     expr: str
@@ -46,12 +58,12 @@ class AlertRule:
     severity: str
     summary: str
     description: str
-    doctor: str = DOCTOR_COMMAND
+    doctor: str | None = DOCTOR_COMMAND  # None: no doctor command helps (the operator itself is down)
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def runbook_url(self) -> str:
-        return RUNBOOK_URL.format(anchor=self.alert.lower())
+        return f"{RUNBOOK_BASE}/{self.alert}.md"
 
 
 @dataclass(frozen=True)
@@ -188,8 +200,9 @@ def alert_rules() -> list[AlertRule]:
             description=(
                 f'{WHERE} {MODEL} preempted about {{{{ $value | printf "%.0f" }}}} requests in the last 5 '
                 "minutes: the KV cache ran out of blocks, and running requests were evicted to recompute "
-                "their prompts later. Any preemption wastes compute and adds latency. Run the doctor "
-                "(annotation `doctor`) for the cause and the remedies in ladder order."
+                "their prompts later. Each one wastes the compute already spent on that request and delays "
+                "it. A ticket, not a page (KVCachePreemptionStorm pages): run the doctor (annotation "
+                "`doctor`) for the cause and the remedies in ladder order."
             ),
         ),
         AlertRule(
@@ -201,7 +214,7 @@ def alert_rules() -> list[AlertRule]:
             description=(
                 f"{WHERE} {MODEL} has preempted more than one request per second for 5 minutes "
                 '({{ $value | printf "%.1f" }}/s now): most of its compute goes to recomputing evicted '
-                "prompts. Lower max_num_seqs or cap max_tokens now; the doctor gives the values."
+                "prompts. This pages: lower max_num_seqs or cap max_tokens now; the doctor gives the values."
             ),
         ),
         AlertRule(
@@ -281,8 +294,38 @@ def operator_alert_rules() -> list[AlertRule]:
                 "read{{ end }} for policy {{ $labels.namespace }}/{{ $labels.policy }} for 15 minutes: it "
                 "can neither diagnose nor tune that engine. Its log and the policy's status conditions say why."
             ),
-            doctor="kvtune doctor --prometheus <PROMETHEUS_URL> --selector 'namespace=\"{{ $labels.namespace }}\"'",
-        )
+            doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
+        ),
+        AlertRule(
+            alert="KVTuneOperatorDown",
+            expr="absent(kvtune_operator_info)",
+            for_="10m",
+            severity="warning",
+            summary="No kvtune operator has been scraped for 10 minutes",
+            description=(
+                "Prometheus holds no kvtune_operator_info series: the operator's pod is down, crash-looping or "
+                "not scraped (its ServiceMonitor is not selected, or the scrape fails). Policies are neither "
+                "evaluated nor tuned meanwhile; the engines keep the values last applied."
+            ),
+            doctor=None,  # nothing to run it in: the runbook starts from the operator's pod
+        ),
+        AlertRule(
+            alert="KVTuneOperatorStalled",
+            expr=(
+                "time() - kvtune_operator_last_evaluation_timestamp_seconds\n"
+                "> on (namespace, policy)\n"
+                "3 * kvtune_operator_evaluation_interval_seconds"
+            ),
+            for_="5m",
+            severity="warning",
+            summary="kvtune operator stopped evaluating {{ $labels.namespace }}/{{ $labels.policy }}",
+            description=(
+                "The operator is scraped but has not evaluated policy {{ $labels.namespace }}/"
+                "{{ $labels.policy }} for more than three of its intervals ({{ $value | humanizeDuration }} "
+                "since the last): the policy's loop is stuck. The policy is neither diagnosed nor tuned."
+            ),
+            doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
+        ),
     ]
 
 
@@ -302,7 +345,7 @@ def _rule_dict(rule: RecordingRule | AlertRule) -> dict[str, object]:
         "summary": rule.summary,
         "description": rule.description,
         "runbook_url": rule.runbook_url,
-        "doctor": rule.doctor,
+        **({"doctor": rule.doctor} if rule.doctor else {}),
     }
     return {
         "alert": rule.alert,

@@ -71,6 +71,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="in cluster: serve kopf's health check on http://0.0.0.0:PORT/healthz (the pod's probes)",
     )
     parser.add_argument(
+        "--max-mode",
+        choices=[m.value for m in Mode],
+        default=Mode.APPLY.value,
+        help="in cluster: the highest mode any KVTuningPolicy runs in; a policy asking for more runs at this "
+        "mode, with condition ModeCapped (the chart sets it from maxMode, Recommend by default)",
+    )
+    parser.add_argument(
+        "--delete-policies",
+        action="store_true",
+        help="in cluster, once: delete every KVTuningPolicy in the --namespace(s) (or -A) and wait until the "
+        "running operator has released them; for uninstalling (the chart's uninstall.deletePolicies hook)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="--delete-policies: seconds to wait (default 120)"
+    )
+    parser.add_argument(
         "--peering",
         metavar="NAME",
         help="in cluster: coordinate replicas through the kopf peering object NAME (one acts, the others "
@@ -96,11 +112,11 @@ def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
         raise KvtuneError(str(err)) from None
 
 
-def serve_own_metrics(port: int) -> OperatorMetrics:
+def serve_own_metrics(port: int, max_mode: Mode = Mode.APPLY) -> OperatorMetrics:
     """The operator's metrics registry, served on `port` unless it is 0."""
     if not 0 <= port <= 65535:
         raise KvtuneError(f"--metrics-port {port}: must be 0-65535")
-    metrics = OperatorMetrics()
+    metrics = OperatorMetrics(max_mode.value)
     if port:
         try:
             metrics.serve(port)
@@ -125,10 +141,13 @@ def run_in_cluster(args: argparse.Namespace) -> int:
     from kvtune.operator.peering import kopf_peering_arguments
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
-    metrics = serve_own_metrics(args.metrics_port)
+    max_mode = Mode(args.max_mode)
+    metrics = serve_own_metrics(args.metrics_port, max_mode)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    logging.getLogger("kvtune.operator").info("no policy runs above mode %s (--max-mode)", max_mode.value)
     kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace, liveness_endpoint=liveness,
-             memo=kopf.Memo(operator_metrics=metrics), **kopf_peering_arguments(args.peering))  # fmt: skip
+             memo=kopf.Memo(operator_metrics=metrics, max_mode=max_mode),
+             **kopf_peering_arguments(args.peering))  # fmt: skip
     return 0
 
 
@@ -180,6 +199,12 @@ def local_wiring(args: argparse.Namespace) -> tuple[MetricSource, Actuator]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.delete_policies:
+        if args.local or bool(args.namespace) == bool(args.all_namespaces):
+            raise KvtuneError("--delete-policies needs --namespace NS (repeatable) or --all-namespaces")
+        from kvtune.operator import uninstall
+
+        return uninstall.run(args.namespace, args.timeout)
     if not args.local:
         return run_in_cluster(args)
     from kvtune.operator.local_metrics import LocalRecorder  # loads policy_tick, hence kopf: only when run
@@ -189,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     source, actuator = local_wiring(args)
     policy = policy_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
-    record = LocalRecorder(serve_own_metrics(args.metrics_port), args.target, policy)
+    record = LocalRecorder(serve_own_metrics(args.metrics_port), args.target, policy, args.interval)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     stop = threading.Event()
 

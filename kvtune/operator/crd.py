@@ -5,6 +5,7 @@ comes back from status so a restarted operator resumes where it stopped."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, cast
 
@@ -25,7 +26,11 @@ SHORT_NAMES = ("kvtp",)
 
 EngineType = Literal["kvtune", "vllm", "sglang"]
 ModeName = Literal["Observe", "Recommend", "Apply"]
-ConditionType = Literal["Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable"]
+ConditionType = Literal[
+    "Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable", "ModeCapped"
+]
+# What the diagnosis says (Unknown without data). ModeCapped is the operator's own: the policy runs below
+# its spec.mode (the operator's maxMode, or an undo's hold).
 CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Preempting",
     "KVSaturated",
@@ -34,7 +39,7 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Stable",
 )
 ConditionStatus = Literal["True", "False", "Unknown"]
-HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged"]
+HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged", "undone"]
 Direction = Literal["cap", "lower", "raise"]
 RemedyName = Literal["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv"]
 KnobValue = Annotated[int | str | None, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
@@ -370,6 +375,38 @@ class DesiredValues(CamelModel):
         return tuple(sorted(values.items()))
 
 
+UNSET = 0  # in OriginalValues: the knob was not set (no max_tokens cap; vLLM's flag absent from its args)
+
+
+class OriginalValues(CamelModel):
+    """The value each knob held before the operator first changed it: what `kvtune.dev/undo` puts back."""
+
+    max_num_seqs: int | None = Field(None, ge=0, description="0: the engine's flag was not set")
+    max_tokens_cap: int | None = Field(None, ge=0, description="0: no cap")
+    kv_cache_dtype: str | None = None
+
+    @staticmethod
+    def of(values: Mapping[str, int | str | None]) -> OriginalValues | None:
+        """The first values as status holds them: a numeric knob that was not set is UNSET; a cache dtype
+        that was not known is left out (nothing to put back)."""
+        kept = {
+            k: UNSET if v is None else v for k, v in values.items() if v is not None or k != "kv_cache_dtype"
+        }
+        return OriginalValues.model_validate(kept) if kept else None
+
+    def values(self) -> dict[str, int | str | None]:
+        return {k: None if v == UNSET else v for k, v in self.model_dump(exclude_none=True).items()}
+
+
+class UndoStatus(CamelModel):
+    """The last undo the operator carried out (or is still trying)."""
+
+    request: str = Field(description="the kvtune.dev/undo annotation's value it answered")
+    time: datetime
+    done: bool
+    message: str = ""
+
+
 class FiguresModel(CamelModel):
     preemption_rate: float | None = None
     goodput: float | None = None
@@ -488,6 +525,13 @@ class KVTuningPolicyStatus(CamelModel):
     )
     worst_pod: str | None = Field(None, description="most preemptions in the window, then highest KV usage")
     admission_flag: str | None = Field(None, description="vllm: the flag the operator patches, and why")
+    mode: ModeName | None = Field(
+        None, description="the mode the policy runs in: spec.mode, or less (condition ModeCapped says why)"
+    )
+    original: OriginalValues | None = Field(
+        None, description="each knob's value before the operator first changed it (what an undo restores)"
+    )
+    undo: UndoStatus | None = None
 
 
 class KVTuningPolicy(CamelModel):

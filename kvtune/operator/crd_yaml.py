@@ -111,6 +111,11 @@ def crd() -> Schema:
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         column("Mode", ".spec.mode", description="Observe, Recommend or Apply"),
+                        column(
+                            "Running",
+                            ".status.mode",
+                            description="the mode it runs in: below Mode while capped (condition ModeCapped)",
+                        ),
                         column("Current", ".status.current.maxNumSeqs", "integer", "live max_num_seqs"),
                         column(
                             "Recommended",

@@ -3,8 +3,10 @@ policy's spec and may change while it runs, which a kopf timer's fixed interval 
 runs `policy_tick.run_once` in a worker thread. One Kubernetes client serves the whole process: made at
 startup, kept in kopf's memo, closed at cleanup. The memo also holds the operator's own metrics
 (`memo.operator_metrics`, served by `kvtune operator --metrics-port`): every tick records into them, a
-failed one counts as an error, and a policy's series go when its daemon stops. Progress and diff-base go
-to annotations, so kopf writes nothing into the status the CRD schema owns."""
+failed one counts as an error, and a policy's series go when its daemon stops. The memo also holds the
+highest mode a policy may run in (`memo.max_mode`, `--max-mode`); the kvtune.dev/undo annotation is read
+live from the body at each tick. Progress and diff-base go to annotations, so kopf writes nothing into the
+status the CRD schema owns."""
 
 from __future__ import annotations
 
@@ -19,12 +21,14 @@ import pydantic
 from kvtune.operator.crd import GROUP, PLURAL, VERSION, KVTuningPolicySpec
 from kvtune.operator.events import PolicyRef
 from kvtune.operator.kube_api import KubeApi, KubeError
+from kvtune.operator.mode_ceiling import UNDO_ANNOTATION
 from kvtune.operator.own_metrics import (
     ERROR_EVALUATION,
     ERROR_INVALID_SPEC,
     ERROR_KUBERNETES,
     OperatorMetrics,
 )
+from kvtune.operator.policy import Mode
 from kvtune.operator.policy_tick import PolicyMemory, run_once
 
 INVALID_SPEC_RETRY_S = 60.0
@@ -57,10 +61,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 
 def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory, generation: int | None,
-         metrics: OperatorMetrics, logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:  # fmt: skip
+         metrics: OperatorMetrics, logger: logging.Logger | logging.LoggerAdapter[Any],
+         max_mode: Mode = Mode.APPLY, undo_request: str | None = None) -> None:  # fmt: skip
     """One evaluation, in a worker thread; nothing it meets may stop the daemon (it is counted instead)."""
     try:
-        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics)
+        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics, max_mode, undo_request)
         logger.info("%s", outcome.status.note)
     except KubeError as err:
         logger.error("Kubernetes API: %s", err)
@@ -92,8 +97,9 @@ async def tune(
             await stopped.wait(INVALID_SPEC_RETRY_S)
             continue
         generation = body.metadata.get("generation")
-        await asyncio.to_thread(
-            tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics, logger
-        )
+        undo_request = body.metadata.annotations.get(UNDO_ANNOTATION) or None  # live, like the spec
+        max_mode = getattr(memo, "max_mode", Mode.APPLY)  # `kvtune operator --max-mode`
+        await asyncio.to_thread(tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics,
+                                logger, max_mode, undo_request)  # fmt: skip
         await stopped.wait(float(spec.interval_seconds))
     memo.operator_metrics.forget(ref.namespace, ref.name)  # deleted, or the operator stops: no stale series

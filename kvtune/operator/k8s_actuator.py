@@ -68,6 +68,24 @@ def set_flag(args: list[str], flag: str, value: int) -> list[str]:
     return [*out, flag, str(value)]
 
 
+def unset_flag(args: list[str], flag: str) -> list[str]:
+    """The argument list without the flag (`--flag N` or `--flag=N`, either spelling): what an undo puts back
+    when the workload did not set it before the operator did."""
+    names = _spellings(flag)
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in names:
+            skip = not eq
+            continue
+        out.append(arg)
+    return out
+
+
 class WorkloadArgsActuator:
     """max_num_seqs through one container's args in a Deployment or StatefulSet."""
 
@@ -143,21 +161,27 @@ class WorkloadArgsActuator:
             return ActuatorResult(
                 False, {}, f"a {self.kind} patch here changes only max_num_seqs, not {knob}"
             )
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             return ActuatorResult(False, {}, f"max_num_seqs must be a positive integer, got {value!r}")
         for _ in range(CONFLICT_RETRIES):
             try:
                 workload = self.read()
                 index, container = self._container(workload)
                 flag = self._flag(container).flag
-                wanted = admission_value(flag, value, self._read(container, MAX_NUM_SEQS))
+                wanted = (
+                    None
+                    if value is None
+                    else admission_value(flag, value, self._read(container, MAX_NUM_SEQS))
+                )
                 if self._read(container, flag) == wanted:
-                    return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: wanted})
+                    return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(container, flag)})
                 containers = copy.deepcopy(workload["spec"]["template"]["spec"]["containers"])
                 in_command = read_flag([str(a) for a in container.get("command") or []], flag) is not None
                 field = "command" if in_command else "args"
-                containers[index][field] = set_flag(
-                    [str(a) for a in container.get(field) or []], flag, wanted
+                words = [str(a) for a in container.get(field) or []]
+                # None (an undo of a flag the workload never set) takes the flag out again
+                containers[index][field] = (
+                    unset_flag(words, flag) if wanted is None else set_flag(words, flag, wanted)
                 )
                 patch = {
                     "metadata": {"resourceVersion": workload.get("metadata", {}).get("resourceVersion")},

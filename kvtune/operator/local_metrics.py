@@ -5,6 +5,7 @@ KVTuningPolicy status to carry recommendations and conditions between ticks, a P
 
 from __future__ import annotations
 
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from kvtune.operator.local import Tick
@@ -25,9 +26,12 @@ def local_policy_name(target: str) -> str:
 class LocalRecorder:
     """Called with every tick of `run_loop`; records it into `metrics`."""
 
-    def __init__(self, metrics: OperatorMetrics, target: str, policy: TuningPolicy) -> None:
+    def __init__(
+        self, metrics: OperatorMetrics, target: str, policy: TuningPolicy, interval_s: float | None = None
+    ) -> None:
         self.metrics = metrics
         self.policy = policy
+        self.interval_s = interval_s
         self.name = local_policy_name(target)
         self.memory = PolicyMemory()
         metrics.declare(LOCAL_NAMESPACE, self.name)
@@ -39,4 +43,4 @@ class LocalRecorder:
         errors = (ERROR_PROXY_METRICS,) if proxy_problem else ()
         evaluation = evaluation_of(previous, tick, condition_states(conditions),
                                    recommended_knobs(self.memory.recommended), errors)  # fmt: skip
-        self.metrics.record(LOCAL_NAMESPACE, self.name, evaluation)
+        self.metrics.record(LOCAL_NAMESPACE, self.name, replace(evaluation, interval_s=self.interval_s))

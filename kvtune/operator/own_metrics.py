@@ -1,8 +1,10 @@
 """The operator's own /metrics: what it did (actions by remedy and result, rollbacks), what it holds and
 advises (current and recommended knobs, the ladder's rung, the conditions, the concurrency ceilings), when
-it last evaluated, and when it could not act (errors, no data). Dashboards draw actions as annotations from
-`kvtune_operator_last_action_timestamp_seconds` and `changes()` of the actions counter; the
-`KVTuneOperatorCannotAct` alert reads the error and no-data counters.
+it last evaluated and how often it should, and when it could not act (errors, no data). Dashboards draw
+actions as annotations from `kvtune_operator_last_action_timestamp_seconds` and `changes()` of the actions
+counter; the `KVTuneOperatorCannotAct` alert reads the error and no-data counters, `KVTuneOperatorStalled`
+the last evaluation against the interval, and `KVTuneOperatorDown` the absence of `kvtune_operator_info`,
+which every running operator exports from its start, policies or not.
 
 The tuner and the ladder stay pure: the loop's edges (policy_tick for kopf, local_metrics for --local) turn
 each tick into an `Evaluation` with `evaluation_of` and hand it to `OperatorMetrics.record`. The registry is
@@ -20,6 +22,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.metrics_core import Metric
 
+from kvtune import __version__
 from kvtune.operator.crd import CONDITION_TYPES
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.ladder import LADDER
@@ -28,14 +31,17 @@ from kvtune.operator.tuner import TunerState
 
 DEFAULT_PORT = 9100
 KNOBS = (KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP)
-ACTION_RESULTS = ("applied", "recommended", "failed", "rolled_back")
+ACTION_RESULTS = ("applied", "recommended", "failed", "rolled_back", "undone")
 # a history entry's kind -> the actions counter's result (a flag is advice, like a recommendation)
 RESULTS = {
     "applied": "applied",
     "rolled_back": "rolled_back",
     "recommended": "recommended",
     "flagged": "recommended",
+    "undone": "undone",
 }
+# the diagnosis' conditions, and whether the policy runs below its spec.mode
+CONDITIONS = (*CONDITION_TYPES, "ModeCapped")
 
 # errors_total's kinds
 ERROR_APPLY = "apply"  # the actuator refused a change the tuner decided
@@ -66,6 +72,7 @@ class Evaluation:
     ceiling_boot_line: float | None = None
     errors: tuple[str, ...] = ()  # error kinds met this tick
     no_data: bool = False
+    interval_s: float | None = None  # how often the policy is evaluated (the stall alert's yardstick)
 
 
 def actions_of(previous: TunerState, tick: Tick) -> tuple[tuple[str, str], ...]:
@@ -118,12 +125,15 @@ def evaluation_of(
 class OperatorMetrics:
     """The contract's series on a registry of their own; `record` is the only writer."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_mode: str = "Apply") -> None:
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
         r = self.registry
+        self.info = Gauge("kvtune_operator_info", "1 while the operator runs: its version and the highest "
+                          "mode it lets a policy run in", ["version", "max_mode"], registry=r)  # fmt: skip
+        self.info.labels(__version__, max_mode).set(1)
         self.actions = Counter("kvtune_operator_actions", "Actions the operator took, by remedy and result "
-                               "(applied, recommended, failed, rolled_back)",
+                               "(applied, recommended, failed, rolled_back, undone)",
                                ["namespace", "policy", "remedy", "result"], registry=r)  # fmt: skip
         self.last_action = Gauge("kvtune_operator_last_action_timestamp_seconds",
                                  "When the operator last acted on a remedy (a Grafana annotation source)",
@@ -142,6 +152,9 @@ class OperatorMetrics:
         self.last_evaluation = Gauge("kvtune_operator_last_evaluation_timestamp_seconds",
                                      "When the operator last evaluated the policy", ["namespace", "policy"],
                                      registry=r)  # fmt: skip
+        self.interval = Gauge("kvtune_operator_evaluation_interval_seconds", "How often the operator "
+                              "evaluates the policy (its intervalSeconds)", ["namespace", "policy"],
+                              registry=r)  # fmt: skip
         self.errors = Counter("kvtune_operator_errors", "Evaluations that met an error, by kind",
                               ["namespace", "policy", "kind"], registry=r)  # fmt: skip
         self.no_data = Counter("kvtune_operator_no_data", "Evaluations without data from the metrics source",
@@ -164,6 +177,7 @@ class OperatorMetrics:
         with self._lock:
             self.declare(namespace, policy)
             self.last_evaluation.labels(namespace, policy).set(evaluation.at)
+            self._set(self.interval, (namespace, policy), evaluation.interval_s)
             for remedy, result in evaluation.actions:
                 self.actions.labels(namespace, policy, remedy, result).inc()
                 self.last_action.labels(namespace, policy, remedy).set(evaluation.at)
@@ -180,7 +194,7 @@ class OperatorMetrics:
                     ("recommended", evaluation.recommended),
                 ):
                     self._set(self.knob, (namespace, policy, knob, kind), (values or {}).get(knob))
-            for kind in CONDITION_TYPES:
+            for kind in CONDITIONS:
                 state = (evaluation.conditions or {}).get(kind)
                 self._set(self.condition, (namespace, policy, kind), None if state is None else float(state))
             self._set(self.ceiling, (namespace, policy, "real"), evaluation.ceiling_real)
@@ -197,11 +211,12 @@ class OperatorMetrics:
         last values standing."""
         remedies = [remedy.value for remedy in LADDER]
         children: list[tuple[Counter | Gauge, tuple[str, ...]]] = [
-            (self.last_evaluation, ()), (self.rung, ()), (self.no_data, ()), (self.rollbacks, ()),
+            (self.last_evaluation, ()), (self.interval, ()), (self.rung, ()), (self.no_data, ()),
+            (self.rollbacks, ()),
             *[(self.actions, (remedy, result)) for remedy in remedies for result in ACTION_RESULTS],
             *[(self.last_action, (remedy,)) for remedy in remedies],
             *[(self.knob, (knob, kind)) for knob in KNOBS for kind in ("current", "recommended")],
-            *[(self.condition, (kind,)) for kind in CONDITION_TYPES],
+            *[(self.condition, (kind,)) for kind in CONDITIONS],
             *[(self.ceiling, (kind,)) for kind in ("real", "boot_line")],
             *[(self.errors, (kind,)) for kind in ERROR_KINDS],
         ]  # fmt: skip

