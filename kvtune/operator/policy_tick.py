@@ -31,6 +31,7 @@ from kvtune.operator.crd import (
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
     SecretKeyRef,
+    WorkloadWatch,
     state_from_status,
     state_to_status,
 )
@@ -51,7 +52,7 @@ from kvtune.operator.own_metrics import (
     evaluation_of,
 )
 from kvtune.operator.pods import Pod, PodEndpointsSource, PooledSource, pod_url
-from kvtune.operator.policy import TuningPolicy
+from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.pooling import PoolState, worst_pod_line
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.secret_cache import SecretCache
@@ -65,6 +66,8 @@ from kvtune.operator.workload import (
     workload_pods,
     workload_source,
 )
+from kvtune.operator.workload_watch import AdvisoryWorkload, Watched, after_patch, follow, needs_read
+from kvtune.operator.workload_watch import conditions as watch_conditions
 
 logger = logging.getLogger("kvtune.operator")
 
@@ -94,7 +97,7 @@ class UnavailableActuator:
     def current(self) -> ActuatorResult:
         return ActuatorResult(False, {}, self.error)
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         return ActuatorResult(False, {}, self.error)
 
 
@@ -114,6 +117,10 @@ class PolicyMemory:
     secrets: SecretCache = field(default_factory=SecretCache)
     pool: PoolState = field(default_factory=PoolState)  # many pods: each pod's last figures, pooled totals
     pod_findings: tuple[str, ...] = ()  # pods' disagreements and unreadable pods at the last evaluation
+    watch: WorkloadWatch = field(
+        default_factory=lambda: WorkloadWatch()
+    )  # a vllm / sglang workload's rollout, reverts
+    current: KnobValues | None = None  # the knobs the engine held at the last evaluation that read them
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -126,6 +133,8 @@ class PolicyMemory:
             state=state_from_status(saved),
             conditions={c.type: c for c in saved.conditions},
             recommended=saved.recommended,
+            watch=saved.workload or WorkloadWatch(),
+            current=saved.current,
         )
 
 
@@ -226,8 +235,9 @@ def admission_flag_of(actuator: Actuator) -> str | None:
     """The vLLM flag the workload actuator reads and patches, and why (for Events and status)."""
     parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
     for part in parts:
-        if isinstance(part, WorkloadArgsActuator) and part.flag_choice is not None:
-            return f"{part.flag_choice.flag} ({part.flag_choice.why})"
+        args = part.actuator if isinstance(part, AdvisoryWorkload) else part  # yielded: still read
+        if isinstance(args, WorkloadArgsActuator) and args.flag_choice is not None:
+            return f"{args.flag_choice.flag} ({args.flag_choice.why})"
     return None
 
 
@@ -437,6 +447,87 @@ def name_worst_pod(state: TunerState, previous: TunerState, worst: str) -> Tuner
     return replace(state, history=history)
 
 
+def args_actuator_of(actuator: Actuator) -> WorkloadArgsActuator | None:
+    """The part that patches a Deployment's or StatefulSet's args, if the policy has one."""
+    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
+    return next((part for part in parts if isinstance(part, WorkloadArgsActuator)), None)
+
+
+def advisory(actuator: Actuator, args: WorkloadArgsActuator, manager: str) -> Actuator:
+    """`actuator` with its workload part reading but no longer changing the args (yielded to `manager`)."""
+    if isinstance(actuator, ComposedActuator):
+        return ComposedActuator(
+            [AdvisoryWorkload(args, manager) if part is args else part for part in actuator.parts]
+        )
+    return AdvisoryWorkload(args, manager)
+
+
+def watch_workload(
+    args: WorkloadArgsActuator, memory: PolicyMemory, policy: TuningPolicy, generation: int | None, now: float
+) -> Watched | None:
+    """Follow the workload's rollout and reverts (None when there is nothing to follow, or when it cannot be
+    read: the actuator's own read then reports why)."""
+    desired = dict(memory.state.desired).get(KNOB_MAX_NUM_SEQS) if policy.mode is Mode.APPLY else None
+    held = desired if isinstance(desired, int) else None
+    if not needs_read(memory.watch, held):
+        return None
+    try:
+        workload = args.read()
+    except KubeError:
+        return None
+    args.observe(workload)
+    return follow(workload, args, memory.watch, held, generation, now)
+
+
+def yield_value(memory: PolicyMemory) -> None:
+    """Stop holding max_num_seqs (another field manager keeps reverting it): it stays a recommendation."""
+    value = memory.watch.yielded_value
+    memory.state = replace(
+        memory.state, desired=tuple((k, v) for k, v in memory.state.desired if k != KNOB_MAX_NUM_SEQS)
+    )
+    merged = {**(memory.recommended.dump() if memory.recommended else {}), "maxNumSeqs": value}
+    memory.recommended = KnobValues.model_validate(merged)
+
+
+def workload_conditions(memory: PolicyMemory, now: float) -> list[Condition]:
+    return [
+        _condition(memory, kind, status, reason, message, now)
+        for kind, status, reason, message in watch_conditions(memory.watch)
+    ]
+
+
+def waiting(
+    memory: PolicyMemory, spec: KVTuningPolicySpec, note: str, events: list[EventSpec], flag: str | None,
+    generation: int | None, now: float,
+) -> Outcome:  # fmt: skip
+    """The outcome of an evaluation that neither judges nor acts (a rollout in progress): status says why,
+    and keeps what the last evaluation found."""
+    kept = [memory.conditions[kind] for kind in CONDITION_TYPES if kind in memory.conditions]
+    conditions = kept + workload_conditions(memory, now)
+    memory.conditions.update({c.type: c for c in conditions})
+    tick = Tick(now, None, state=memory.state)
+    tuner, history = state_to_status(memory.state)
+    evaluation = evaluation_of(memory.state, tick, condition_states(conditions),
+                               recommended_knobs(memory.recommended))  # fmt: skip
+    pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
+    status = KVTuningPolicyStatus(
+        observed_generation=generation,
+        last_evaluation_time=datetime.fromtimestamp(now, UTC),
+        note=note,
+        conditions=conditions,
+        current=memory.current,
+        recommended=memory.recommended,
+        desired=DesiredValues.of(memory.state.desired),
+        history=history,
+        tuner_state=tuner,
+        pods=pods_status,
+        worst_pod=worst_pod.name if worst_pod else None,
+        admission_flag=flag,
+        workload=memory.watch,
+    )
+    return Outcome(tick, status, tuple(events), evaluation)
+
+
 def evaluate(
     api: KubeApi,
     policy_ref: PolicyRef,
@@ -457,6 +548,20 @@ def evaluate(
     if actuator_error and actuator_error != memory.actuator_error:
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
+    args = args_actuator_of(actuator)
+    watched = watch_workload(args, memory, policy, generation, now) if args is not None else None
+    if args is not None and watched is not None:
+        events += watched.events
+        memory.watch = watched.state
+        if watched.yielded:
+            yield_value(memory)
+        if watched.rolled_out:  # the new pods' evidence only, and a full window of it before judging
+            memory.samples.clear()
+            memory.state = memory.state.after_engine_restart(now)
+        if watched.wait is not None:
+            return waiting(memory, spec, watched.wait, events, admission_flag_of(actuator), generation, now)
+    if args is not None and memory.watch.yielded_value is not None:
+        actuator = advisory(actuator, args, memory.watch.reverted_by or "another field manager")
     previous = memory.state
     workload = is_workload(spec)
     horizon = keep * float(spec.interval_seconds)
@@ -495,8 +600,15 @@ def evaluate(
         events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
     memory.no_data = tick.no_data is not None
     memory.state = tick.state
+    if args is not None:
+        memory.watch = after_patch(memory.watch, args, now)
+    watching = workload_conditions(memory, now) if args is not None else []
 
     current, conditions = follow_tick(memory, tick, policy, now)
+    conditions += watching
+    memory.conditions.update({c.type: c for c in watching})
+    if current is not None:
+        memory.current = current
     tuner, history = state_to_status(tick.state)
     errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
@@ -520,6 +632,7 @@ def evaluate(
         pods=pods_status,
         worst_pod=worst_pod.name if worst_pod else None,
         admission_flag=flag,
+        workload=memory.watch if args is not None else None,
     )
     return Outcome(tick, status, tuple(events), evaluation)
 
