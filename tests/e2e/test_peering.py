@@ -44,6 +44,12 @@ def evaluated(replica: Operator) -> bool:
     return bool(re.search(r'kvtune_operator_last_evaluation_timestamp_seconds\{[^}]*policy="peer"', text))
 
 
+def resumed(replica: Operator) -> bool:
+    """Whether kopf's peering last resumed this replica (its log: kopf says so only on a change)."""
+    log = replica.output()
+    return log.rfind("Resuming operations after the pause") > log.rfind("Pausing operations in favour of")
+
+
 def test_two_replicas_exactly_one_acts(cluster: Cluster, engine: str, tmp_path: Path) -> None:
     install(cluster, RELEASE, NAMESPACE)
     kwok_node(cluster, "peer-main", "peer")
@@ -61,11 +67,9 @@ def test_two_replicas_exactly_one_acts(cluster: Cluster, engine: str, tmp_path: 
     try:
         for replica in replicas:
             wait_until_peered(cluster, replica, NAMESPACE, RELEASE, count=2)
-        # the lower priority pauses once it sees the other's keep-alive: only then is there a policy to act on
-        wait_for(
-            "one replica to stand by",
-            lambda: any("Pausing operations in favour of" in r.output() for r in replicas),
-        )
+        # kopf starts each replica paused; the one that sees no higher peer resumes (and one that resumed before
+        # it saw the other pauses again): a policy made now meets one active replica
+        wait_for("exactly one active replica", lambda: [resumed(r) for r in replicas].count(True) == 1)
         cluster.apply(policy("peer", NAMESPACE, vllm_policy("Deployment", "llama-vllm", engine)))
         wait_for("the policy's first action", lambda: [
             e for e in cluster.events(NAMESPACE, "peer") if e["reason"] == "TuningApplied"])  # fmt: skip
@@ -82,5 +86,6 @@ def test_two_replicas_exactly_one_acts(cluster: Cluster, engine: str, tmp_path: 
         wait_for("the standby replica to take over", lambda: evaluated(standby), timeout=120)
         cluster.evaluations(NAMESPACE, "peer", 2)
     finally:
-        for replica in replicas:
+        for index, replica in enumerate(replicas):
             replica.stop()
+            print(f"--- replica {index} (shown when the test fails) ---\n{replica.output()[-4000:]}")
