@@ -192,3 +192,20 @@ class Operator:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+
+
+def peers(cluster: Cluster, namespace: str, peering: str) -> dict[str, object]:
+    """The operators' keep-alives in a KopfPeering's status (kopf writes one entry per live operator)."""
+    found = cluster.kubectl("get", "kopfpeerings.kopf.dev", peering, "-n", namespace, "-o", "json").stdout
+    status = yaml.safe_load(found).get("status") or {}
+    return {identity: entry for identity, entry in status.items() if entry}
+
+
+def wait_until_peered(
+    cluster: Cluster, running: Operator, namespace: str, peering: str, count: int = 1
+) -> None:
+    """Until `count` operators have announced themselves in the peering object (so the operator runs, is
+    authorised to watch, and took part in peering); fails with its log if it exits first."""
+    wait_for(f"{count} operator(s) in the KopfPeering {namespace}/{peering}",
+             lambda: len(peers(cluster, namespace, peering)) >= count or not running.running())  # fmt: skip
+    assert running.running(), running.output()[-3000:]

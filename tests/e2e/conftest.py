@@ -1,4 +1,4 @@
-"""One real control plane for the whole e2e run (scripts/local_cluster.py `up`, then `down`), the chart
+"""One real control plane for the whole e2e run (package scope: it goes when the last e2e test is done) (scripts/local_cluster.py `up`, then `down`), the chart
 installed the way the README's install section says, the operator running as that release's ServiceAccount,
 and three real engines on loopback that the tests' EndpointSlices point at."""
 
@@ -18,7 +18,8 @@ import yaml
 from kubernetes import config
 
 from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from tests.e2e.cluster import REPO, Cluster, Operator, local_cluster, wait_for
+from tests.e2e.cluster import REPO, Cluster, Operator, local_cluster, wait_until_peered
+from tests.e2e.workloads import ADMIN_TOKEN, KV_CACHE_TOKENS, MAX_NUM_SEQS
 from tests.operator.test_pods_kmock import free_port
 
 README_SECTION = "## Install in a cluster"
@@ -27,12 +28,9 @@ README_SECTION = "## Install in a cluster"
 # loopback (`ip route add local ... dev lo`, removed after): real pod-like addresses, nothing leaves the host.
 POD_SUBNET = "10.244.255.0/24"
 ENGINE_ADDRESSES = ("10.244.255.2", "10.244.255.3", "10.244.255.4")
-ADMIN_TOKEN = "e2e-admin-token"
-KV_CACHE_TOKENS = 512  # small pools: a few clients preempt
-MAX_NUM_SEQS = 32  # the pool's 32 blocks: the most the admin API takes back after a test lowered it
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     lc = local_cluster()
     bins = lc.kbins_dir()
@@ -78,7 +76,7 @@ def readme_install_command() -> str:
     return " ".join(line.split())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def release(cluster: Cluster) -> dict[str, str]:
     """The chart installed exactly as the README says (its watched namespace created first, as it would
     exist in a user's cluster)."""
@@ -93,7 +91,7 @@ def release(cluster: Cluster) -> dict[str, str]:
     return {"name": command[2], "namespace": namespace, "watch": watched[0], "secret": secrets[0]}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(
     cluster: Cluster, release: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
@@ -108,24 +106,7 @@ def operator(
     running.stop()
 
 
-def peers(cluster: Cluster, namespace: str, peering: str) -> dict[str, object]:
-    """The operators' keep-alives in a KopfPeering's status (kopf writes one entry per live operator)."""
-    found = cluster.kubectl("get", "kopfpeerings.kopf.dev", peering, "-n", namespace, "-o", "json").stdout
-    status = yaml.safe_load(found).get("status") or {}
-    return {identity: entry for identity, entry in status.items() if entry}
-
-
-def wait_until_peered(
-    cluster: Cluster, running: Operator, namespace: str, peering: str, count: int = 1
-) -> None:
-    """Until `count` operators have announced themselves in the peering object (so the operator runs, is
-    authorised to watch, and took part in peering); fails with its log if it exits first."""
-    wait_for(f"{count} operator(s) in the KopfPeering {namespace}/{peering}",
-             lambda: len(peers(cluster, namespace, peering)) >= count or not running.running())  # fmt: skip
-    assert running.running(), running.output()[-3000:]
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def pod_addresses() -> Iterator[str]:
     """POD_SUBNET answering on this machine for the whole run (its route removed after, when it was added
     here)."""
@@ -155,7 +136,7 @@ def pod_addresses() -> Iterator[str]:
             )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engines(pod_addresses: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineProcess]]:
     """Three real engines (`kvtune serve`, the tiny model, a 512-token pool), one per pod address, on one
     port: the pods of one Service."""
@@ -176,29 +157,3 @@ def engines(pod_addresses: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     finally:
         for engine in started:
             engine.stop()
-
-
-def engine_port(engines: list[EngineProcess]) -> int:
-    return int(engines[0].url.rsplit(":", 1)[1])
-
-
-def endpoint_slice(namespace: str, service: str, port: int, pods: dict[str, str]) -> dict[str, object]:
-    """An EndpointSlice of `service` listing `pods` (name -> address), as the EndpointSlice controller would."""
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": f"{service}-e2e", "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": service,
-                                "endpointslice.kubernetes.io/managed-by": "kvtune-e2e"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [address], "conditions": {"ready": True},
-                       "targetRef": {"kind": "Pod", "name": name, "namespace": namespace}}
-                      for name, address in sorted(pods.items())],
-    }  # fmt: skip
-
-
-def service(namespace: str, name: str, port: int) -> dict[str, object]:
-    """A Service without a selector: its EndpointSlices are the test's (the engines run outside the cluster)."""
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"ports": [{"name": "http", "port": port, "protocol": "TCP"}]}}  # fmt: skip

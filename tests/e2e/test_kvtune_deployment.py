@@ -14,8 +14,15 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess
 from tests.e2e.cluster import Cluster, Operator, kwok_node, wait_for
-from tests.e2e.conftest import ADMIN_TOKEN, MAX_NUM_SEQS, endpoint_slice, engine_port, service
-from tests.e2e.workloads import pods_policy, preempting_load
+from tests.e2e.workloads import (
+    ADMIN_TOKEN,
+    MAX_NUM_SEQS,
+    endpoint_slice,
+    engine_port,
+    pods_policy,
+    preempting_load,
+    service,
+)
 
 NAME = "tiny-kvtune"
 

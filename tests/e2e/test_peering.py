@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from kvtune.bench.local_http import free_port
-from tests.e2e.cluster import Cluster, Operator, kwok_node, wait_for
-from tests.e2e.conftest import peers, wait_until_peered
+from tests.e2e.cluster import Cluster, Operator, kwok_node, peers, wait_for, wait_until_peered
 from tests.e2e.test_rbac import install, policy, workload
 from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from kvtune.operator.k8s_actuator import read_flag
-from tests.e2e.cluster import CHART, Cluster, Operator, kwok_node, wait_for
-from tests.e2e.conftest import endpoint_slice, service, wait_until_peered
+from tests.e2e.cluster import CHART, Cluster, Operator, kwok_node, wait_for, wait_until_peered
+from tests.e2e.workloads import endpoint_slice, service
 from tests.operator.test_pods_kmock import PodEngine, free_port
 from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, STS_MAX_NUM_SEQS, VllmHandler, vllm_policy
 

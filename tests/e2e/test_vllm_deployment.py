@@ -29,13 +29,15 @@ from kvtune.operator.k8s_actuator import CHANGE_CAUSE, WorkloadArgsActuator, rea
 from kvtune.operator.kube_api import KubeApi
 from kvtune.operator.workload_watch import REVERTS_TOLERATED
 from tests.e2e.cluster import Cluster, Operator, cordon, kwok_node, wait_for
-from tests.e2e.conftest import endpoint_slice, engine_port, service
 from tests.e2e.workloads import (
     VLLM_ARGS,
     args_owner_managers,
     container,
+    endpoint_slice,
+    engine_port,
     pods_policy,
     preempting_load,
+    service,
     vllm_deployment,
 )
 

@@ -12,6 +12,9 @@ from kvtune.bench.engine_process import EngineProcess
 from kvtune.bench.load import BackgroundLoad, LoadShape
 
 POOL_LABEL = "kvtune-e2e/pool"
+ADMIN_TOKEN = "e2e-admin-token"
+KV_CACHE_TOKENS = 512  # the engines' small pools: a few clients preempt
+MAX_NUM_SEQS = 32  # the pool's 32 blocks: the most the admin API takes back after a test lowered it
 VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
 VLLM_ARGS = [
     "--model",
@@ -58,11 +61,11 @@ def vllm_deployment(
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}}, "spec": spec}  # fmt: skip
 
 
-def pods_policy(name: str, namespace: str, target: str, service: str, port: int, engine: str = "vllm",
+def pods_policy(name: str, namespace: str, workload: str, service: str, port: int, engine: str = "vllm",
                 **extra: Any) -> dict[str, Any]:  # fmt: skip
-    """A KVTuningPolicy over every pod of the target's Service, in Apply mode, sampled every second. The
+    """A KVTuningPolicy over every pod of the workload's Service, in Apply mode, sampled every second. The
     evaluation window is long: a test sees one action and what follows it, not the tuner's next steps."""
-    target: dict[str, Any] = {"name": target, "engine": engine,
+    target: dict[str, Any] = {"name": workload, "engine": engine,
                               "podEndpoints": {"service": service, "metricsPort": port}}  # fmt: skip
     if engine == "vllm":
         target["container"] = "vllm"
@@ -102,3 +105,29 @@ def args_owner_managers(workload: dict[str, Any], name: str = "vllm") -> list[st
         if "f:args" in fields:
             found.append(f"{entry['manager']}/{entry['operation']}")
     return found
+
+
+def engine_port(engines: list[EngineProcess]) -> int:
+    return int(engines[0].url.rsplit(":", 1)[1])
+
+
+def endpoint_slice(namespace: str, service: str, port: int, pods: dict[str, str]) -> dict[str, object]:
+    """An EndpointSlice of `service` listing `pods` (name -> address), as the EndpointSlice controller would."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": f"{service}-e2e", "namespace": namespace,
+                     "labels": {"kubernetes.io/service-name": service,
+                                "endpointslice.kubernetes.io/managed-by": "kvtune-e2e"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True},
+                       "targetRef": {"kind": "Pod", "name": name, "namespace": namespace}}
+                      for name, address in sorted(pods.items())],
+    }  # fmt: skip
+
+
+def service(namespace: str, name: str, port: int) -> dict[str, object]:
+    """A Service without a selector: its EndpointSlices are the test's (the engines run outside the cluster)."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"ports": [{"name": "http", "port": port, "protocol": "TCP"}]}}  # fmt: skip
