@@ -153,6 +153,8 @@ def staging_replaces(kubernetes_go_mod: str, staging_version: str) -> list[str]:
     modules = []
     for line in kubernetes_go_mod.splitlines():
         fields = line.split()
+        if fields[:1] == ["require"]:  # a one-line requirement, outside a require ( ... ) block
+            fields = fields[1:]
         if len(fields) >= 2 and fields[0].startswith("k8s.io/") and fields[1] == "v0.0.0":
             modules.append(fields[0])
     if not modules:
