@@ -507,8 +507,10 @@ def waiting(
     memory.conditions.update({c.type: c for c in conditions})
     tick = Tick(now, None, state=memory.state)
     tuner, history = state_to_status(memory.state)
-    evaluation = evaluation_of(memory.state, tick, condition_states(conditions),
-                               recommended_knobs(memory.recommended))  # fmt: skip
+    states = condition_states(conditions)
+    evaluation = evaluation_of(memory.state, tick, states, recommended_knobs(memory.recommended))
+    # no new figures while waiting, but the conditions still stand: their series stay on the dashboards
+    evaluation = replace(evaluation, conditions=states)
     pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
     status = KVTuningPolicyStatus(
         observed_generation=generation,
