@@ -38,21 +38,28 @@ def write_tiny_model(folder: Path) -> Path:
 
 
 def start_engine(
-    model_dir: Path, token_file: Path, log: Path, *flags: str, port: int | None = None
+    model_dir: Path,
+    token_file: Path,
+    log: Path,
+    *flags: str,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    boot_timeout: float = 60.0,
 ) -> EngineProcess:
     """`kvtune serve --model DIR` with an admin token, ENGINE_THREADS torch threads and the given flags, on `port`
-    (default: a free one; pass the old one to restart an engine where its clients expect it)."""
+    (default: a free one; pass the old one to restart an engine where its clients expect it) on `host` (an
+    address of its own: the pods of one Service share a port, each on its own address)."""
     port = port or free_port()
     command = kvtune_command(
-        "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--port", str(port),
+        "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--host", host, "--port", str(port),
         "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
     )  # fmt: skip
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     engine = EngineProcess(url, process, log)
     try:
-        wait_for(f"{url}/metrics")
+        wait_for(f"{url}/metrics", boot_timeout)
     except TimeoutError:
         engine.stop()
         raise

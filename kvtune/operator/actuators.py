@@ -30,7 +30,9 @@ class Actuator(Protocol):
 
     def current(self) -> ActuatorResult: ...
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult: ...
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
+        """Set `knob`; `cause` (why, with the evidence) goes where the target keeps an audit trail."""
+        ...
 
 
 ENGINE_KNOBS = frozenset({KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP})
@@ -75,7 +77,7 @@ class KvtuneAdminActuator:
     def current(self) -> ActuatorResult:
         return self._call("GET")
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         if knob not in self.knobs:
             return ActuatorResult(False, {}, f"the {self.name} cannot change {knob} at run time")
         return self._call("PATCH", {knob: value})
@@ -109,11 +111,11 @@ class ComposedActuator:
                 errors.append(result.error or "unavailable")
         return ActuatorResult(answered, values, "; ".join(errors) or None, frozenset(split))
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         part = self.owner(knob)
         if part is None:
             return ActuatorResult(False, {}, f"no actuator here changes {knob}")
-        return part.apply(knob, value)
+        return part.apply(knob, value, cause)
 
 
 MAX_PARALLEL_CALLS = 16
@@ -159,5 +161,5 @@ class FanOutActuator:
         """What the pods hold; ok when any answered (a pod that did not is named in `error`)."""
         return self._combined(self._each(lambda part: part.current()), everyone=False)
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
-        return self._combined(self._each(lambda part: part.apply(knob, value)), everyone=True)
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
+        return self._combined(self._each(lambda part: part.apply(knob, value, cause)), everyone=True)

@@ -27,10 +27,17 @@ SHORT_NAMES = ("kvtp",)
 EngineType = Literal["kvtune", "vllm", "sglang"]
 ModeName = Literal["Observe", "Recommend", "Apply"]
 ConditionType = Literal[
-    "Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable", "ModeCapped"
+    "Preempting",
+    "KVSaturated",
+    "PrefixCacheDefeated",
+    "FP8Recommended",
+    "Stable",
+    "ModeCapped",
+    "RolloutStalled",
+    "ChangeReverted",
 ]
-# What the diagnosis says (Unknown without data). ModeCapped is the operator's own: the policy runs below
-# its spec.mode (the operator's maxMode, or an undo's hold).
+# What the diagnosis says (Unknown without data), on every policy. ModeCapped is the operator's own: the
+# policy runs below its spec.mode (the operator's maxMode, or an undo's hold).
 CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Preempting",
     "KVSaturated",
@@ -38,6 +45,8 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "FP8Recommended",
     "Stable",
 )
+# what became of the operator's patches, on a vllm or sglang target (a Deployment's or StatefulSet's args)
+WORKLOAD_CONDITION_TYPES: tuple[ConditionType, ...] = ("RolloutStalled", "ChangeReverted")
 ConditionStatus = Literal["True", "False", "Unknown"]
 HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged", "undone"]
 Direction = Literal["cap", "lower", "raise"]
@@ -506,6 +515,35 @@ class PodStatus(CamelModel):
     last_seen: datetime
 
 
+class WorkloadWatch(CamelModel):
+    """What the operator follows on a workload whose args it patches: the rollout it waits for before it
+    judges or acts again, and the other field manager that reverted its change (after a bounded number of
+    reverts the value becomes a recommendation, until the policy is edited)."""
+
+    rollout_generation: int | None = Field(
+        default=None, description="the workload generation whose rollout is awaited"
+    )
+    rollout_since: float | None = Field(default=None, description="epoch seconds the wait began")
+    rollout_stalled: bool = Field(
+        default=False, description="the rollout stopped progressing: the operator does not act"
+    )
+    rollout_summary: str | None = None
+    reverts: int = Field(default=0, ge=0, description="times another field manager put the args back")
+    reverted_by: str | None = Field(
+        default=None, description="the field manager that last did (from managedFields)"
+    )
+    reverted_to: int | None = Field(default=None, description="the value it put back")
+    revert_generation: int | None = Field(
+        default=None, description="the workload generation of the last revert"
+    )
+    yielded_value: int | None = Field(
+        default=None, description="the value the operator stopped re-applying (kept as a recommendation)"
+    )
+    yielded_policy_generation: int | None = Field(
+        default=None, description="the policy generation it yielded at: editing the policy lets it act again"
+    )
+
+
 class KVTuningPolicyStatus(CamelModel):
     model_config = ConfigDict(extra="ignore")  # tolerate fields other writers add
 
@@ -532,6 +570,9 @@ class KVTuningPolicyStatus(CamelModel):
         None, description="each knob's value before the operator first changed it (what an undo restores)"
     )
     undo: UndoStatus | None = None
+    workload: WorkloadWatch | None = Field(
+        None, description="vllm / sglang: the rollout awaited and the reverts seen of the operator's patches"
+    )
 
 
 class KVTuningPolicy(CamelModel):

@@ -5,12 +5,16 @@ change it at run time. For vLLM the flag is the admission one `admission_flag` c
 
 The patch is a JSON merge patch carrying the resourceVersion that was read, so the API server refuses it
 (409 Conflict) when someone else changed the workload meanwhile; then it is read again and re-applied, a
-bounded number of times. Like every Actuator, failures are returned, never raised.
+bounded number of times. It is written as field manager `kvtune`, and sets the workload's
+`kubernetes.io/change-cause` annotation to what changed and why (the controller copies it to the new
+ReplicaSet, so `kubectl rollout history` is the audit trail). Like every Actuator, failures are returned,
+never raised.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import httpx
@@ -30,6 +34,10 @@ from kvtune.operator.kube_api import KubeApi, KubeError, WorkloadKind
 FLAGS = {"vllm": MAX_NUM_SEQS, "sglang": "--max-running-requests"}
 CONFLICT_RETRIES = 5
 VERSION_TIMEOUT_S = 3.0
+CHANGE_CAUSE = "kubernetes.io/change-cause"
+CHANGE_CAUSE_LIMIT = 1024
+
+logger = logging.getLogger("kvtune.operator")
 
 
 def _spellings(flag: str) -> tuple[str, str]:
@@ -107,6 +115,11 @@ class WorkloadArgsActuator:
         self.version_url = version_url
         self._reported_version: str | None = None
         self.flag_choice: FlagChoice | None = None  # the flag of the last read: Events and status name it
+        self.patched_generation: int | None = (
+            None  # the generation the last patch made (a rollout to wait for)
+        )
+        self.conflicts = 0  # resourceVersion conflicts met (and retried) by this actuator's patches
+        self.observed: dict[str, Any] | None = None  # the workload as this evaluation read it (see observe)
 
     def reported_version(self) -> str | None:
         """vLLM's own `GET /version`, read once it answers (None while it cannot be read)."""
@@ -149,21 +162,54 @@ class WorkloadArgsActuator:
     def read(self) -> dict[str, Any]:
         return self.api.read_workload(self.kind, self.namespace, self.name)
 
+    def observe(self, workload: dict[str, Any]) -> None:
+        """Take `workload` (read this evaluation, for its rollout and reverts) as what `current()` reports, so
+        the evaluation decides on the one state it checked: a revert landing after that read is seen, and
+        counted, at the next evaluation rather than silently re-applied in this one."""
+        self.observed = workload
+
     def current(self) -> ActuatorResult:
         try:
-            _, container = self._container(self.read())
+            _, container = self._container(self.observed if self.observed is not None else self.read())
         except KubeError as err:
             return ActuatorResult(False, {}, f"{self.where}: {err}")
         return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(container, self._flag(container).flag)})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def container_name(self, workload: dict[str, Any]) -> str | None:
+        """The name of the container the flag lives in (managedFields key containers by name)."""
+        try:
+            return self._container(workload)[1].get("name")
+        except KubeError:
+            return None
+
+    def held(self, workload: dict[str, Any]) -> int | None:
+        """The admission limit the workload's container sets now."""
+        try:
+            _, container = self._container(workload)
+        except KubeError:
+            return None
+        return self._value(container, self._flag(container).flag)
+
+    def holds(self, workload: dict[str, Any], value: int) -> bool:
+        """Whether the workload already sets the admission flag as `apply(value)` would."""
+        try:
+            _, container = self._container(workload)
+        except KubeError:
+            return False
+        flag = self._flag(container).flag
+        return self._read(container, flag) == admission_value(
+            flag, value, self._read(container, MAX_NUM_SEQS)
+        )
+
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         if knob != KNOB_MAX_NUM_SEQS:
             return ActuatorResult(
                 False, {}, f"a {self.kind} patch here changes only max_num_seqs, not {knob}"
             )
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             return ActuatorResult(False, {}, f"max_num_seqs must be a positive integer, got {value!r}")
-        for _ in range(CONFLICT_RETRIES):
+        self.patched_generation = None
+        for attempt in range(1, CONFLICT_RETRIES + 1):
             try:
                 workload = self.read()
                 index, container = self._container(workload)
@@ -173,7 +219,8 @@ class WorkloadArgsActuator:
                     if value is None
                     else admission_value(flag, value, self._read(container, MAX_NUM_SEQS))
                 )
-                if self._read(container, flag) == wanted:
+                before = self._read(container, flag)
+                if before == wanted:
                     return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(container, flag)})
                 containers = copy.deepcopy(workload["spec"]["template"]["spec"]["containers"])
                 in_command = read_flag([str(a) for a in container.get("command") or []], flag) is not None
@@ -183,17 +230,29 @@ class WorkloadArgsActuator:
                 containers[index][field] = (
                     unset_flag(words, flag) if wanted is None else set_flag(words, flag, wanted)
                 )
-                patch = {
-                    "metadata": {"resourceVersion": workload.get("metadata", {}).get("resourceVersion")},
-                    "spec": {"template": {"spec": {"containers": containers}}},
+                why = (
+                    f"kvtune: {flag} {before if before is not None else 'unset'} -> "
+                    f"{wanted if wanted is not None else 'unset'}"
+                )
+                metadata: dict[str, Any] = {
+                    "annotations": {CHANGE_CAUSE: f"{why}; {cause}"[:CHANGE_CAUSE_LIMIT] if cause else why}
                 }
-                if patch["metadata"]["resourceVersion"] is None:
-                    del patch["metadata"]
+                version = workload.get("metadata", {}).get("resourceVersion")
+                if version is not None:
+                    metadata["resourceVersion"] = version
+                patch = {"metadata": metadata, "spec": {"template": {"spec": {"containers": containers}}}}
                 patched = self.api.patch_workload(self.kind, self.namespace, self.name, patch)
                 _, after = self._container(patched)
             except KubeError as err:
                 if err.status == 409:
+                    self.conflicts += 1
+                    logger.warning("%s changed while it was patched (attempt %d of %d): read again and "
+                                   "retried", self.where, attempt, CONFLICT_RETRIES)  # fmt: skip
                     continue
                 return ActuatorResult(False, {}, f"{self.where}: {err}")
+            generation = patched.get("metadata", {}).get("generation")
+            self.patched_generation = generation if isinstance(generation, int) else None
+            if self.observed is not None:
+                self.observed = patched
             return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(after, flag)})
         return ActuatorResult(False, {}, f"{self.where}: still conflicting after {CONFLICT_RETRIES} attempts")

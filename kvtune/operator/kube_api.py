@@ -32,6 +32,9 @@ from kvtune.operator.crd import GROUP, PLURAL, VERSION
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 MERGE_PATCH = "application/merge-patch+json"
 USER_AGENT = "kvtune-operator"
+# the name its writes carry in managedFields, so `kubectl get -o yaml --show-managed-fields` (and another
+# tool's conflict message) says kvtune changed the field
+FIELD_MANAGER = "kvtune"
 WorkloadKind = Literal["Deployment", "StatefulSet"]
 WORKLOAD_KINDS: tuple[WorkloadKind, ...] = ("Deployment", "StatefulSet")
 Json = dict[str, Any]
@@ -168,8 +171,8 @@ class KubeApi:
         )
 
     def patch_workload(self, kind: WorkloadKind, namespace: str, name: str, patch: Json) -> Json:
-        """A JSON merge patch of a Deployment or StatefulSet; a stale metadata.resourceVersion in it gets
-        409 Conflict."""
+        """A JSON merge patch of a Deployment or StatefulSet, as field manager `kvtune`; a stale
+        metadata.resourceVersion in it gets 409 Conflict."""
         send = {
             "Deployment": client.AppsV1Api.patch_namespaced_deployment,
             "StatefulSet": client.AppsV1Api.patch_namespaced_stateful_set,
@@ -181,6 +184,7 @@ class KubeApi:
                 name,
                 namespace,
                 patch,
+                field_manager=FIELD_MANAGER,
                 _content_type=MERGE_PATCH,
                 _preload_content=False,
                 _request_timeout=t,

@@ -90,7 +90,7 @@ def reapply_desired(
     done: list[tuple[str, Value, ActuatorResult]] = []
     split = {knob: value for knob, value in desired.items() if knob in current.split}  # pods disagree
     for knob, value in {**drifted(desired, dict(current.values)), **split}.items():
-        outcome = actuator.apply(knob, value)
+        outcome = actuator.apply(knob, value, f"re-applying {knob}={value}, which the operator set and holds")
         done.append((knob, value, outcome))
         if outcome.ok:
             logger.info("re-applied %s=%s (the engine held %s)", knob, value, current.values.get(knob))
@@ -137,7 +137,7 @@ def step(
         )
     applied: list[tuple[Change, ActuatorResult]] = []
     for change in decision.changes:
-        outcome = actuator.apply(change.knob, change.value)
+        outcome = actuator.apply(change.knob, change.value, f"{change.remedy.value}: {change.reason}")
         applied.append((change, outcome))
         if outcome.ok:
             logger.info(

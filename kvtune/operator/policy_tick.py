@@ -33,6 +33,7 @@ from kvtune.operator.crd import (
     OriginalValues,
     SecretKeyRef,
     UndoStatus,
+    WorkloadWatch,
     state_from_status,
     state_to_status,
 )
@@ -69,6 +70,8 @@ from kvtune.operator.workload import (
     workload_pods,
     workload_source,
 )
+from kvtune.operator.workload_watch import AdvisoryWorkload, Watched, after_patch, follow, needs_read
+from kvtune.operator.workload_watch import conditions as watch_conditions
 
 logger = logging.getLogger("kvtune.operator")
 
@@ -99,7 +102,7 @@ class UnavailableActuator:
     def current(self) -> ActuatorResult:
         return ActuatorResult(False, {}, self.error)
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         return ActuatorResult(False, {}, self.error)
 
 
@@ -122,6 +125,10 @@ class PolicyMemory:
     original: dict[str, Value] = field(default_factory=dict)  # each knob before the operator first changed it
     undo: UndoStatus | None = None  # the last undo asked for (kvtune.dev/undo) and how it went
     mode_capped: str | None = None  # why the policy ran below its spec.mode at the last evaluation
+    watch: WorkloadWatch = field(
+        default_factory=lambda: WorkloadWatch()
+    )  # a vllm / sglang workload's rollout, reverts
+    current: KnobValues | None = None  # the knobs the engine held at the last evaluation that read them
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -136,6 +143,8 @@ class PolicyMemory:
             recommended=saved.recommended,
             original=saved.original.values() if saved.original else {},
             undo=saved.undo,
+            watch=saved.workload or WorkloadWatch(),
+            current=saved.current,
         )
 
 
@@ -236,8 +245,9 @@ def admission_flag_of(actuator: Actuator) -> str | None:
     """The vLLM flag the workload actuator reads and patches, and why (for Events and status)."""
     parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
     for part in parts:
-        if isinstance(part, WorkloadArgsActuator) and part.flag_choice is not None:
-            return f"{part.flag_choice.flag} ({part.flag_choice.why})"
+        args = part.actuator if isinstance(part, AdvisoryWorkload) else part  # yielded: still read
+        if isinstance(args, WorkloadArgsActuator) and args.flag_choice is not None:
+            return f"{args.flag_choice.flag} ({args.flag_choice.why})"
     return None
 
 
@@ -488,6 +498,92 @@ def carry_out_undo(
     return outcome.state, events
 
 
+def args_actuator_of(actuator: Actuator) -> WorkloadArgsActuator | None:
+    """The part that patches a Deployment's or StatefulSet's args, if the policy has one."""
+    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
+    return next((part for part in parts if isinstance(part, WorkloadArgsActuator)), None)
+
+
+def advisory(actuator: Actuator, args: WorkloadArgsActuator, manager: str) -> Actuator:
+    """`actuator` with its workload part reading but no longer changing the args (yielded to `manager`)."""
+    if isinstance(actuator, ComposedActuator):
+        return ComposedActuator(
+            [AdvisoryWorkload(args, manager) if part is args else part for part in actuator.parts]
+        )
+    return AdvisoryWorkload(args, manager)
+
+
+def watch_workload(
+    args: WorkloadArgsActuator, memory: PolicyMemory, policy: TuningPolicy, generation: int | None, now: float
+) -> Watched | None:
+    """Follow the workload's rollout and reverts (None when there is nothing to follow, or when it cannot be
+    read: the actuator's own read then reports why)."""
+    desired = dict(memory.state.desired).get(KNOB_MAX_NUM_SEQS) if policy.mode is Mode.APPLY else None
+    held = desired if isinstance(desired, int) else None
+    if not needs_read(memory.watch, held):
+        return None
+    try:
+        workload = args.read()
+    except KubeError:
+        return None
+    args.observe(workload)
+    return follow(workload, args, memory.watch, held, generation, now)
+
+
+def yield_value(memory: PolicyMemory) -> None:
+    """Stop holding max_num_seqs (another field manager keeps reverting it): it stays a recommendation."""
+    value = memory.watch.yielded_value
+    memory.state = replace(
+        memory.state, desired=tuple((k, v) for k, v in memory.state.desired if k != KNOB_MAX_NUM_SEQS)
+    )
+    merged = {**(memory.recommended.dump() if memory.recommended else {}), "maxNumSeqs": value}
+    memory.recommended = KnobValues.model_validate(merged)
+
+
+def workload_conditions(memory: PolicyMemory, now: float) -> list[Condition]:
+    return [
+        _condition(memory, kind, status, reason, message, now)
+        for kind, status, reason, message in watch_conditions(memory.watch)
+    ]
+
+
+def waiting(
+    memory: PolicyMemory, spec: KVTuningPolicySpec, note: str, events: list[EventSpec], flag: str | None,
+    generation: int | None, now: float, capped: Condition, mode: Mode,
+) -> Outcome:  # fmt: skip
+    """The outcome of an evaluation that neither judges nor acts (a rollout in progress): status says why,
+    and keeps what the last evaluation found."""
+    kept = [memory.conditions[kind] for kind in CONDITION_TYPES if kind in memory.conditions]
+    conditions = [*kept, capped, *workload_conditions(memory, now)]
+    memory.conditions.update({c.type: c for c in conditions})
+    tick = Tick(now, None, state=memory.state)
+    tuner, history = state_to_status(memory.state)
+    states = condition_states(conditions)
+    evaluation = evaluation_of(memory.state, tick, states, recommended_knobs(memory.recommended))
+    # no new figures while waiting, but the conditions still stand: their series stay on the dashboards
+    evaluation = replace(evaluation, conditions=states)
+    pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
+    status = KVTuningPolicyStatus(
+        observed_generation=generation,
+        last_evaluation_time=datetime.fromtimestamp(now, UTC),
+        note=note,
+        conditions=conditions,
+        current=memory.current,
+        recommended=memory.recommended,
+        desired=DesiredValues.of(memory.state.desired),
+        history=history,
+        tuner_state=tuner,
+        pods=pods_status,
+        worst_pod=worst_pod.name if worst_pod else None,
+        admission_flag=flag,
+        workload=memory.watch,
+        mode=mode.value,
+        original=OriginalValues.of(memory.original),
+        undo=memory.undo,
+    )
+    return Outcome(tick, status, tuple(events), evaluation)
+
+
 def evaluate(
     api: KubeApi,
     policy_ref: PolicyRef,
@@ -513,6 +609,22 @@ def evaluate(
     if actuator_error and actuator_error != memory.actuator_error:
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
+    args = args_actuator_of(actuator)
+    watched = watch_workload(args, memory, policy, generation, now) if args is not None else None
+    if args is not None and watched is not None:
+        events += watched.events
+        memory.watch = watched.state
+        if watched.yielded:
+            yield_value(memory)
+        if watched.rolled_out:  # the new pods' evidence only, and a full window of it before judging
+            memory.samples.clear()
+            memory.state = memory.state.after_engine_restart(now)
+        # an undo is a person's override: it is carried out even while a rollout is under way
+        if watched.wait is not None and undo_request is None:
+            return waiting(memory, spec, watched.wait, events, admission_flag_of(actuator), generation, now,
+                           capped, decision.mode)  # fmt: skip
+    if args is not None and memory.watch.yielded_value is not None:
+        actuator = advisory(actuator, args, memory.watch.reverted_by or "another field manager")
     previous = memory.state
     start = previous
     if undo_request is not None:
@@ -556,10 +668,16 @@ def evaluate(
     memory.no_data = tick.no_data is not None
     memory.state = tick.state
     memory.original = first_values(memory.original, tick.state.history)
+    if args is not None:
+        memory.watch = after_patch(memory.watch, args, now)
+    watching = workload_conditions(memory, now) if args is not None else []
 
     current, conditions = follow_tick(memory, tick, policy, now)
-    conditions = [*conditions, capped]
+    conditions = [*conditions, capped, *watching]
     memory.conditions[capped.type] = capped
+    memory.conditions.update({c.type: c for c in watching})
+    if current is not None:
+        memory.current = current
     tuner, history = state_to_status(tick.state)
     errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
@@ -586,6 +704,7 @@ def evaluate(
         mode=decision.mode.value,
         original=OriginalValues.of(memory.original),
         undo=memory.undo,
+        workload=memory.watch if args is not None else None,
     )
     return Outcome(tick, status, tuple(events), evaluation)
 

@@ -157,7 +157,7 @@ class RecordingActuator:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         self.applied.append((knob, value))
         return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None, knob: value})
 

@@ -75,7 +75,7 @@ class Engine:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, dict(self.values))
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         assert value is None or isinstance(value, int)
         self.calls.append((knob, value))
         self.values[knob] = value

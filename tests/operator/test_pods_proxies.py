@@ -133,7 +133,7 @@ class Proxy:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, {"max_tokens_cap": self.cap})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         assert value is None or isinstance(value, int)
         self.cap = value
         return self.current()
@@ -147,7 +147,7 @@ class Deployment:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, {"max_num_seqs": 64})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         raise AssertionError("the Deployment is not patched to put a proxy's cap back")
 
 

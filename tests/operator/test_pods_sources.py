@@ -105,7 +105,7 @@ class Engine:
             else ActuatorResult(False, {}, "refused")
         )
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         if not self.reachable:
             return ActuatorResult(False, {}, "refused")
         assert isinstance(value, int)
