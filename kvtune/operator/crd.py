@@ -25,13 +25,16 @@ SHORT_NAMES = ("kvtp",)
 
 EngineType = Literal["kvtune", "vllm", "sglang"]
 ModeName = Literal["Observe", "Recommend", "Apply"]
-ConditionType = Literal["Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable"]
+ConditionType = Literal[
+    "Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable", "SourceAlternating"
+]
 CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Preempting",
     "KVSaturated",
     "PrefixCacheDefeated",
     "FP8Recommended",
     "Stable",
+    "SourceAlternating",  # the metrics source answers from more than one process: nothing is acted on
 )
 ConditionStatus = Literal["True", "False", "Unknown"]
 HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged"]
