@@ -26,6 +26,8 @@ from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.http_serving import (
     add_front_arguments,
     check_front_arguments,
+    front_config,
+    log_connection_limits,
     read_token_file,
     serve_together,
 )
@@ -204,19 +206,18 @@ def build_server(args: argparse.Namespace) -> Server:
         include_admin=args.admin_port is None,
         prefix_key_header=args.prefix_key_header,
     )
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    server = uvicorn.Server(front_config(app, args.host, args.port, args))
     admin = None
     if args.admin_port is not None:
         admin_app = build_admin_app(async_engine, token, args.max_request_body_bytes)
-        admin = uvicorn.Server(
-            uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
-        )
+        admin = uvicorn.Server(front_config(admin_app, args.host, args.admin_port, args))
     return Server(engine, async_engine, app, server, admin)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     server = build_server(args)
+    log_connection_limits(args)
     logger.info("serving %s on http://%s:%d", server.engine.served_model_name, args.host, args.port)
     if server.admin_uvicorn is None:
         server.uvicorn.run()
