@@ -110,8 +110,25 @@ def _retire(continuity: Continuity, old: Process, new: Process) -> Continuity:
     return replace(continuity, current=new, retired=(*continuity.retired, old)[-RETIRED_LIMIT:])
 
 
-def _alternate(continuity: Continuity, old: Process, new: Process, reason: str) -> Judgement:
-    retired = _retire(continuity, old, new)
+def _alternate(
+    continuity: Continuity, old: Process, new: Process, reason: str, answered: Process | None = None
+) -> Judgement:
+    """Follow `new` from now on. A replaced process whose identity answered again is no longer a replaced
+    one; `answered` (a process known only by its counters) keeps, of the counters that fell, those not back
+    yet: one flip back is one alternation, not one for every sample after it."""
+    kept: list[Process] = []
+    for process in continuity.retired:
+        if new.identity and process.identity == new.identity:
+            continue
+        if process is answered:
+            still_down = frozenset(
+                n for n in process.fell if new.marks.get(n, float("-inf")) < process.marks[n]
+            )
+            if not still_down:
+                continue
+            process = replace(process, fell=still_down)
+        kept.append(process)
+    retired = _retire(replace(continuity, retired=tuple(kept)), old, new)
     return Judgement(ALTERNATING, reason, replace(retired, anomaly_at=new.seen_at, anomaly=reason), True)
 
 
@@ -159,7 +176,7 @@ def judge(continuity: Continuity, sample: Sample, horizon_s: float) -> Judgement
                 f"counter {name} fell {old.marks[name]:g} -> {followed.marks.get(name, 0.0):g} and came back "
                 f"to {marks[name]:g}: the samples between came from another process"
             )
-            return _alternate(continuity, followed, arrived, reason)
+            return _alternate(continuity, followed, arrived, reason, old)
     merged = {name: max(value, followed.marks.get(name, value)) for name, value in marks.items()}
     kept = Process(followed.identity or identity, {**followed.marks, **merged}, at)
     return Judgement(SAME, None, replace(continuity, current=kept), True)

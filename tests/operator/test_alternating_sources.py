@@ -94,8 +94,14 @@ def test_an_older_start_time_after_a_newer_one_is_an_alternation_at_once() -> No
 def test_without_start_times_a_fall_is_a_restart_until_the_counters_come_back() -> None:
     full = synthetic(0, preemptions=109, generated=5000)
     half = [scaled(full, 0.5, t) for t in (1, 2)]
-    kinds = judged([full, *half, replace(full, timestamp=3.0)])
-    assert kinds == [FIRST, RESTART, SAME, ALTERNATING]
+    later = [replace(full, timestamp=t) for t in (3.0, 4.0, 5.0)]
+    assert judged([full, *half, *later]) == [FIRST, RESTART, SAME, ALTERNATING, SAME, SAME]
+    # the halved stream's growing counter passing its old mark is said once; the constant one coming back
+    # (the true text again) is said too, and then nothing more
+    busy = [synthetic(t, preemptions=109, generated=300 * t) for t in range(0, 12)]
+    relayed = [*busy[:4], *(scaled(s, 0.5, s.timestamp) for s in busy[4:9]), *busy[9:]]
+    assert judged(relayed) == [FIRST, SAME, SAME, SAME, RESTART, SAME, ALTERNATING, SAME, SAME, ALTERNATING, SAME,
+                               SAME]  # fmt: skip
 
 
 def test_a_proxy_that_did_not_answer_is_a_partial_view_not_another_process() -> None:
@@ -212,6 +218,7 @@ def test_a_relay_that_halves_every_counter_for_a_while_changes_nothing(start: fl
     assert said, "the alternation is reported"
     holding = [t.at for t in ticks if t.holding]
     assert holding and max(holding) >= said[-1].at + hold_seconds(POLICY) - 1
+    assert len(said) <= 16 and not ticks[-1].holding, "each flip said once; tuning resumes once it is stable"
     assert all(ALTERNATING_HINT in t.decision.note for t in ticks if t.holding and t.decision)
 
 
