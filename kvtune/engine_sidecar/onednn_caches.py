@@ -3,12 +3,11 @@
 On a CPU with AVX512-BF16 the engine runs its linear layers in bfloat16 through oneDNN (see
 `serving_dtype`), and PyTorch keeps every oneDNN primitive it builds in two LRU caches keyed by shape
 (ideep's, `LRU_CACHE_CAPACITY`, and oneDNN's own, `ONEDNN_PRIMITIVE_CACHE_CAPACITY`; 1,024 entries
-each by default, about half a megabyte an entry here). Continuous batching makes a new shape of almost
-every step (the tokens in a batch), so under a mixed load both fill up: malloc's bytes in use grew by
-about 35 MB per 67 requests and were still growing after 536 (258 -> 644 MB, RSS 913 -> 1,385 MB), while
-the same load in float32 grew by 1 MB per 67 requests. At 64 entries each they level off after a few
-hundred requests, and the same 160 requests ran no slower (BENCHMARKS.md, "Soak"). A value the
-environment already sets is left alone.
+each by default). Continuous batching makes a new shape of almost every step (the tokens in a batch),
+so under the soak's mixed load malloc's bytes in use climbed to ~696 MB before both caches were full, and
+the evictions that followed kept RSS growing. At 64 entries each the soak levels off at 895 MB RSS
+(191 MB in use), and the same 160 requests ran within the noise of the default (BENCHMARKS.md, "Soak").
+A value the environment already sets is left alone.
 """
 
 from __future__ import annotations
