@@ -6,6 +6,7 @@ without preemptions in one process's own counters (a hypothesis property)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
 from dataclasses import replace
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtune.cli import main
 from kvtune.operator import metric_names as m
 from kvtune.operator.actuators import ActuatorResult
 from kvtune.operator.continuity import ALTERNATING, ALTERNATING_HINT, FIRST, RESTART, SAME, Continuity, judge
@@ -25,7 +27,7 @@ from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Histogram, Sample, SampleResult, sample_from_series
 from kvtune.operator.tuner import TunerState
 from kvtune.operator.window import Window
-from tests.operator.helpers import kvtune_engine, synthetic
+from tests.operator.helpers import fixture_text, kvtune_engine, serve_bodies, synthetic
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)
 HORIZON = 1e9
@@ -149,6 +151,25 @@ def test_the_doctor_says_an_alternating_source_and_sizes_nothing_from_it() -> No
     (found,) = [f for f in d.findings if f.code == "AlternatingSource"]
     assert ALTERNATING_HINT in found.message and "fell" in found.evidence
     assert not any(advice.applicable for advice in plan(d, kvtune_engine(), POLICY))
+
+
+def test_kvtune_doctor_on_a_relay_that_halved_its_counters_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    start = "process_start_time_seconds 1700000000.0\n"
+    true = fixture_text("kvtune_preempting_t1.prom") + start
+    half = "\n".join(
+        f"{line.rsplit(' ', 1)[0]} {float(line.rsplit(' ', 1)[1]) / 2}" if line.startswith("vllm:num_preemptions") or
+        line.startswith("vllm:generation_tokens_total") else line
+        for line in true.splitlines()
+    ) + "\n"  # fmt: skip
+    for url in serve_bodies([true, half]):
+        assert main(["doctor", "--metrics-url", url, "--json", "--window-seconds", "0.2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (note,) = [n for n in report["findings"]["notes"] if n["code"] == "AlternatingSource"]
+    assert ALTERNATING_HINT in note["message"] and "stayed 1700000000.00" in note["evidence"]
+    assert report["findings"]["preemption_rate"] == 0
+    assert not any(r["applicable"] for r in report["remedies"])
 
 
 # ---- the operator loop ----------------------------------------------------------------------------------------
