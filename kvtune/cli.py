@@ -53,6 +53,11 @@ BENCHES: dict[str, tuple[str, str]] = {
     "tuner": ("kvtune.bench.tuner", "max_num_seqs tuner against a static sweep on a live engine"),
     "proxy": ("kvtune.bench.proxy", "kvtune proxy in front of an engine against the engine direct"),
     "prefix-defeats": ("kvtune.bench.prefix_defeats", "prefix-defeat detector: precision, recall, cost"),
+    "soak": ("kvtune.bench.soak", "engine memory under a long mixed load with hang-ups: does it level off"),
+    "connections": (
+        "kvtune.bench.connections",
+        "/health with 1,000 idle connections open; slowloris cut-off",
+    ),
 }
 
 

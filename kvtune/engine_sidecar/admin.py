@@ -1,6 +1,7 @@
 """`GET`/`PATCH /admin/config`: the operator's live levers (max_num_seqs, the max_tokens cap and its mode).
 
-Guarded by a bearer token read from a file, so the secret never appears on a command line. Without a token
+Guarded by a bearer token read from a file, so the secret never appears on a command line; a request with
+more than one Authorization header is refused (`admin_auth`). Without a token
 the routes do not exist at all (404), so an engine started without one cannot be retuned by anyone.
 Changes run on the engine thread between steps; lowering max_num_seqs evicts nobody, admission just waits.
 Every value has an upper bound the engine itself enforces (`LLMEngine.check_*`): max_num_seqs at most the
@@ -9,7 +10,6 @@ pool's blocks, the cap at most max_model_len; `GET` returns the bounds so a clie
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Literal
 
@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from kvtune.engine_sidecar.admin_auth import admin_refusal
 from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.async_engine import AsyncEngine, EngineDeadError
 from kvtune.engine_sidecar.engine import LLMEngine
@@ -67,21 +68,10 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
         return router
     expected = f"Bearer {token}".encode()
 
-    def authorized(request: Request) -> bool:
-        given = request.headers.get("authorization", "").encode()
-        return hmac.compare_digest(given, expected)
-
-    def unauthorized() -> JSONResponse:
-        return JSONResponse(
-            error_body(401, "a valid admin bearer token is required"),
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
     @router.get("/admin/config")
     async def get_config(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        if (refused := admin_refusal(request, expected)) is not None:
+            return refused
         try:
             config = await async_engine.call(_current)
         except EngineDeadError as err:
@@ -90,8 +80,8 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
 
     @router.patch("/admin/config")
     async def patch_config(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        if (refused := admin_refusal(request, expected)) is not None:
+            return refused
         try:
             patch = AdminConfigPatch.model_validate(await read_json(request))
         except (ValueError, ValidationError) as err:

@@ -1,5 +1,7 @@
 """What both HTTP fronts (the engine and the proxy) need to stand up a server, without torch: the admin
-bearer token read from its file, and several uvicorn servers run together (the API and the admin port).
+bearer token read from its file, the uvicorn configuration with the connection deadlines
+(`http_connections`), the open-files limit raised to what the system allows, and several uvicorn servers
+run together (the API and the admin port).
 """
 
 from __future__ import annotations
@@ -7,11 +9,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import resource
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from kvtune.core.max_tokens_cap import CAP_MODES
+from kvtune.engine_sidecar.http_connections import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    guarded_protocol,
+)
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
@@ -47,6 +57,45 @@ def read_token_file(path: str | Path) -> str:
     return token
 
 
+def front_config(app: Any, host: str, port: int, args: argparse.Namespace, **extra: Any) -> uvicorn.Config:
+    """uvicorn's configuration for one of a front's ports: its connections under the header and idle
+    deadlines of `--header-timeout` and `--idle-timeout`, and HTTP/1.0 streams close-delimited."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=guarded_protocol(args.header_timeout, args.idle_timeout),
+        timeout_keep_alive=max(1, math.ceil(args.idle_timeout)),  # ours closes first; uvicorn's as a backstop
+        log_level="info",
+        **extra,
+    )
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard one (every connection is a file descriptor; Python,
+    unlike Go, leaves the soft limit where it found it, often 1,024). Returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as err:
+            logger.warning("could not raise the open-files limit from %d to %d: %s", soft, wanted, err)
+            return soft, soft
+        return soft, wanted
+    return soft, soft
+
+
+def log_connection_limits(args: argparse.Namespace) -> None:
+    """One boot line: the open-files limit (raised where it could be) and the connection deadlines."""
+    before, after = raise_open_files_limit()
+    raised = f" (raised from {before:,})" if after != before else ""
+    logger.info(
+        "open files limit %s%s; a connection idle %.0f s is closed, a request's headers get %.0f s",
+        f"{after:,}", raised, args.idle_timeout, args.header_timeout,
+    )  # fmt: skip
+
+
 async def serve_together(*servers: uvicorn.Server) -> None:
     """Run the servers on one event loop; when one stops (a signal, a bind failure) the others stop too."""
     tasks = [asyncio.create_task(server.serve()) for server in servers]
@@ -77,6 +126,22 @@ def add_front_arguments(parser: argparse.ArgumentParser) -> None:
         help="group prompts for the prefix-defeat detector by this request header (a tenant), not by model",
     )
     parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        metavar="S",
+        help="seconds a request's headers may take from its first byte; a slower client gets a 408 and the "
+        f"connection closes (default {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        metavar="S",
+        help="seconds a connection may stay open with no request in progress (a new one that sends nothing, "
+        f"or a keep-alive one between requests) before it is closed (default {DEFAULT_IDLE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
         "--prefix-report-text",
         action="store_true",
         help="show the prompt text of varying spans in /kvtune/prefix-report (prompt text is user data: "
@@ -89,6 +154,9 @@ def check_front_arguments(args: argparse.Namespace) -> None:
     clear KvtuneError for the first that is wrong."""
     if args.prefix_key_header is not None and not args.prefix_key_header.strip():
         raise KvtuneError("--prefix-key-header needs a header name")
+    for flag, value in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout)):
+        if not 0 < value < math.inf:
+            raise KvtuneError(f"{flag} must be a positive number of seconds, got {value}")
     if args.max_request_body_bytes < 1:
         raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
     if args.admin_port is not None:

@@ -25,7 +25,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from kvtune.engine_sidecar.api_errors import error_body
+from kvtune.engine_sidecar.api_errors import echoed, error_body
 from kvtune.engine_sidecar.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -203,7 +203,7 @@ class OpenAIServing:
     # --- request checks --------------------------------------------------------------------------------
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
-            raise ApiError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+            raise ApiError(404, f"The model `{echoed(name)}` does not exist.", "model", "model_not_found")
 
     def _check_prompt_chars(self, text: str, param: str) -> None:
         """Refuse, without tokenizing it, text too long to fit max_model_len tokens (see prompt_chars)."""

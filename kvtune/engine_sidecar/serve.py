@@ -26,9 +26,13 @@ from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.http_serving import (
     add_front_arguments,
     check_front_arguments,
+    front_config,
+    log_connection_limits,
     read_token_file,
     serve_together,
 )
+from kvtune.engine_sidecar.memory_report import start_tracing_from_env
+from kvtune.engine_sidecar.onednn_caches import bound_onednn_caches
 from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.engine_sidecar.server import build_admin_app, build_app
 from kvtune.engine_sidecar.tiny_model import write_tiny_model
@@ -189,6 +193,7 @@ def build_server(args: argparse.Namespace) -> Server:
     check_front_arguments(args)
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    bound_onednn_caches()  # before the engine's first matmul
     config = engine_config(args)
     engine = LLMEngine(config)
     engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
@@ -204,19 +209,19 @@ def build_server(args: argparse.Namespace) -> Server:
         include_admin=args.admin_port is None,
         prefix_key_header=args.prefix_key_header,
     )
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+    server = uvicorn.Server(front_config(app, args.host, args.port, args))
     admin = None
     if args.admin_port is not None:
         admin_app = build_admin_app(async_engine, token, args.max_request_body_bytes)
-        admin = uvicorn.Server(
-            uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
-        )
+        admin = uvicorn.Server(front_config(admin_app, args.host, args.admin_port, args))
+    start_tracing_from_env()  # from here on: what serving allocates, not the imports and the model load
     return Server(engine, async_engine, app, server, admin)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     server = build_server(args)
+    log_connection_limits(args)
     logger.info("serving %s on http://%s:%d", server.engine.served_model_name, args.host, args.port)
     if server.admin_uvicorn is None:
         server.uvicorn.run()

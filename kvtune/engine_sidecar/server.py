@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kvtune.engine_sidecar.admin import AdminConfigPatch, build_admin_router
 from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.async_engine import AsyncEngine
+from kvtune.engine_sidecar.memory_report import MEMORY_PATH, memory_report, tracing_frames
 from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
 from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
 from kvtune.engine_sidecar.openapi_schema import OPENAPI_URL, install_openapi
@@ -131,6 +132,13 @@ def build_app(
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    if tracing_frames() is not None:
+
+        @app.get(MEMORY_PATH, include_in_schema=False)
+        async def memory() -> JSONResponse:
+            # the tracemalloc snapshot walks every traced block: off the loop
+            return JSONResponse(await asyncio.to_thread(memory_report))
 
     @app.get(REPORT_PATH, summary="Prefix-cache defeats seen so far: reasons, examples and fixes")
     async def prefix_defeat_report() -> JSONResponse:

@@ -17,6 +17,7 @@ from types import FrameType
 
 from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
+from kvtune.operator.diagnosis import Diagnosis, corrupt_text, known
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.own_metrics import DEFAULT_PORT, OperatorMetrics
@@ -91,6 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="in cluster: coordinate replicas through the kopf peering object NAME (one acts, the others "
         "stand by); without it the operator runs standalone",
+    )
+
+
+def tick_line(note: str, d: Diagnosis) -> str:
+    """One tick as the local loop logs it: a figure it could not read (no sample, a corrupt series) says
+    `unknown`, never 0, so an on-call can tell an idle engine from one whose metrics are broken."""
+    return (
+        f"{note}; preemptions {known(d.preemption_rate, '.2f')}/s, KV usage max {known(d.kv_usage_max, '.0%')}, "
+        f"waiting {known(d.waiting_mean, '.1f')}, goodput {known(d.goodput, '.0f')} tokens/s"
     )
 
 
@@ -232,12 +242,10 @@ def run(args: argparse.Namespace) -> int:
         if proxy_problem:
             log.warning("proxy metrics missing this tick (defeat and cap series): %s", proxy_problem)
         if tick.decision is not None and not tick.applied:
-            d = tick.decision.diagnosis
-            log.info(
-                "%s; preemptions %.2f/s, KV usage max %s, waiting %.1f, goodput %.0f tokens/s",
-                tick.decision.note, d.preemption_rate or 0, f"{d.kv_usage_max or 0:.0%}",
-                d.waiting_mean or 0, d.goodput or 0,
-            )  # fmt: skip
+            log.info("%s", tick_line(tick.decision.note, tick.decision.diagnosis))
+            if tick.decision.diagnosis.corrupt:
+                log.warning("corrupt metrics, dropped and never used as figures: %s",
+                            corrupt_text(tick.decision.diagnosis.corrupt))  # fmt: skip
 
     via = f" through the proxy {args.proxy}" if args.proxy else ""
     log.info("tuning %s%s every %.1f s (mode %s)", args.target, via, args.interval, policy.mode.value)

@@ -32,6 +32,7 @@ ConditionType = Literal[
     "PrefixCacheDefeated",
     "FP8Recommended",
     "Stable",
+    "SourceAlternating",
     "ModeCapped",
     "RolloutStalled",
     "ChangeReverted",
@@ -44,6 +45,7 @@ CONDITION_TYPES: tuple[ConditionType, ...] = (
     "PrefixCacheDefeated",
     "FP8Recommended",
     "Stable",
+    "SourceAlternating",  # the metrics source answers from more than one process: nothing is acted on
 )
 # what became of the operator's patches, on a vllm or sglang target (a Deployment's or StatefulSet's args)
 WORKLOAD_CONDITION_TYPES: tuple[ConditionType, ...] = ("RolloutStalled", "ChangeReverted")

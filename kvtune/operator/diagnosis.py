@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from kvtune.operator import metric_names as m
+from kvtune.operator.continuity import ALTERNATING_HINT, anomalies
 from kvtune.operator.engine_view import EngineView
 from kvtune.operator.sample import Histogram
 from kvtune.operator.window import Window, histogram_quantile
@@ -22,7 +23,7 @@ CACHED_SOURCES = ("local_cache_hit", "external_kv_transfer")
 @dataclass(frozen=True)
 class Finding:
     code: str  # Preempting, KVSaturated, WaitingForCapacity, LowPrefixHitRate, NoData, Idle, EngineRestarted,
-    # CorruptMetrics
+    # CorruptMetrics, AlternatingSource
     severity: str  # info, warning, critical
     message: str
     evidence: str
@@ -75,6 +76,8 @@ class Diagnosis:
     # (mode, requests) the max_tokens cap changed or refused in the window: clamp, reject, default ('' for
     # an older kvtune's unlabelled counter)
     capped_requests: tuple[tuple[str, float], ...] = ()
+    # series dropped as impossible in the window (NaN, negative counters, ...): (exposed name, what is wrong)
+    corrupt: tuple[tuple[str, str], ...] = ()
     findings: tuple[Finding, ...] = ()
 
     @property
@@ -85,6 +88,16 @@ class Diagnosis:
     def saturated(self) -> bool:
         """KV nearly full while requests wait: the pool, not the scheduler, limits throughput."""
         return (self.kv_usage_max or 0.0) >= KV_SATURATED and (self.waiting_max or 0.0) > 0
+
+
+def known(value: float | None, spec: str) -> str:
+    """A figure as the operator says it: `unknown` where it could not be read, never a made-up 0."""
+    return "unknown" if value is None else format(value, spec)
+
+
+def corrupt_text(corrupt: tuple[tuple[str, str], ...]) -> str:
+    """The corrupt series as the doctor names them: `name (what is wrong), ...`."""
+    return ", ".join(f"{name} ({problem})" for name, problem in corrupt)
 
 
 def no_data(reason: str) -> Diagnosis:
@@ -227,6 +240,7 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
         prefix_defeats=moved(window, m.PREFIX_DEFEATS),
         prefix_defeat_tokens=moved(window, m.PREFIX_DEFEAT_TOKENS),
         capped_requests=moved(window, m.CAPPED_REQUESTS),
+        corrupt=tuple(sorted({pair for sample in window.samples for pair in sample.corrupt})),
     )
     return _with_findings(diagnosis, window, engine)
 
@@ -247,7 +261,18 @@ def _with_findings(d: Diagnosis, window: Window, engine: EngineView) -> Diagnosi
                 span,
             )
         )
-    corrupt = sorted({pair for sample in window.samples for pair in sample.corrupt})
+    alternations = anomalies(window.samples)
+    if alternations:
+        findings.append(
+            Finding(
+                "AlternatingSource",
+                "critical",
+                f"{ALTERNATING_HINT}: its rates are flips between processes, not work, and nothing is sized "
+                "from them",
+                "; ".join(dict.fromkeys(alternations)),
+            )
+        )
+    corrupt = d.corrupt
     if corrupt:
         series = sorted({name for name, _ in corrupt})
         findings.append(

@@ -151,12 +151,16 @@ def examine(
     basis: str = WINDOW,
 ) -> Examined:
     """Diagnose the samples taken; on a quiet engine read directly (`quiet_looks_back`), look back to
-    boot. The one path `kvtune doctor` and the doctor-vllm benchmark share."""
+    boot, unless the samples came from more than one process. The one path `kvtune doctor` and the
+    doctor-vllm benchmark share."""
     engine = engine_view_from_sample(samples[-1] if samples else None, known)
     if not samples:
         return Examined(no_data(failure.reason if failure else "no sample"), engine, basis)
     d = diagnose(Window.of(samples), engine)
-    if quiet_looks_back and d.status == "idle":
+    alternating = any(
+        f.code == "AlternatingSource" for f in d.findings
+    )  # its counters since boot are not one process's
+    if quiet_looks_back and d.status == "idle" and not alternating:
         return looking_back(d, samples[-1], engine)
     return Examined(d, engine, basis)
 

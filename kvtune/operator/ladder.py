@@ -8,9 +8,10 @@ The tuner walks them one at a time; `kvtune doctor` prints them all.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
+from kvtune.operator.continuity import ALTERNATING_HINT
 from kvtune.operator.diagnosis import Diagnosis
 from kvtune.operator.engine_view import (
     KNOB_KV_CACHE_DTYPE,
@@ -345,13 +346,19 @@ def _pressure(d: Diagnosis, engine: EngineView, binds: bool) -> str:
 
 
 def plan(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> list[Advice]:
-    """Every rung, in ladder order, as `kvtune doctor` shows them."""
-    return [
+    """Every rung, in ladder order, as `kvtune doctor` shows them; none applies to samples from an
+    alternating source (their rates are flips between processes)."""
+    rungs = [
         cap_max_tokens(d, engine, policy),
         lower_max_num_seqs(d, engine, policy, feedback=False),
         flag_prefix_defeat(d, engine, policy),
         recommend_fp8_kv(d, engine, policy),
     ]
+    alternating = next((f for f in d.findings if f.code == "AlternatingSource"), None)
+    if alternating is None:
+        return rungs
+    why = f"not sized: {ALTERNATING_HINT} ({alternating.evidence})"
+    return [replace(advice, applicable=False, recommended=advice.current, evidence=why) for advice in rungs]
 
 
 def _ratio(value: float | None) -> str:

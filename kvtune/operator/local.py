@@ -2,9 +2,13 @@
 
 The same pure `decide` the in-cluster operator runs. An actuator failure is logged and the tuner's state
 is left as it was, so the change is simply tried again when still called for. The operator owns the values
-it set (`TunerState.desired`): when the engine restarts (`restart.engine_restarted`) the samples of the old
+it set (`TunerState.desired`): when the engine restarts (`continuity.judge`) the samples of the old
 process are dropped, and whenever the engine does not hold a desired value (a restart, an operator that
 resumed from status) it is put back at once, before any new evidence.
+
+A source that answers from more than one process (`continuity`: a Service in front of several pods, a
+stale replica, a relay) is said at once, its samples are dropped, a sample below the followed process's
+counters is never kept, and no action is taken until it has answered from one process for `hold_s`.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtune.operator.actuators import Actuator, ActuatorResult
+from kvtune.operator.continuity import ALTERNATING, ALTERNATING_HINT, RESTART, Continuity, judge
+from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.restart import drifted, engine_restarted, pool_changed
+from kvtune.operator.restart import drifted, pool_changed
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricSource
 from kvtune.operator.tuner import Change, Decision, TunerState, Value, decide
@@ -42,12 +48,39 @@ class Tick:
     reapplied: tuple[tuple[str, Value, ActuatorResult], ...] = ()  # desired values put back this tick
     evidence_since: float | None = None  # the oldest sample the decision could see
     engine: EngineView | None = None  # the engine at the end of the tick, after any change it made
+    alternation: str | None = None  # what made the source an alternating one at this tick
+    holding: str | None = None  # why no action may be taken yet: the source alternated too recently
+
+
+HOLD_WINDOWS = 3  # an alternating source must answer from one process this many windows before any action
+RETIRED_WINDOWS = 20  # a replaced process that answers again within this many windows makes it alternating
 
 
 def window_length(policy: TuningPolicy, interval: float) -> int:
     """Samples kept: enough to cover an evaluation window or a cooldown, whichever is longer."""
     span = max(policy.evaluation_window_s, policy.cooldown_s)
     return max(3, math.ceil(span / interval) + 2)
+
+
+def hold_seconds(policy: TuningPolicy) -> float:
+    """How long a source must answer from one process, after it alternated, before the operator acts."""
+    return HOLD_WINDOWS * max(policy.evaluation_window_s, policy.cooldown_s)
+
+
+def horizon_seconds(policy: TuningPolicy) -> float:
+    """How long a replaced process is remembered: its answering again within it is an alternation."""
+    return RETIRED_WINDOWS * max(policy.evaluation_window_s, policy.cooldown_s)
+
+
+def followed(state: TunerState, samples: Iterable[Sample], horizon_s: float) -> Continuity:
+    """The source as the state knows it; when it knows nothing yet (a new state beside a kept window),
+    as the window's samples tell it."""
+    if state.source.current is not None:
+        return state.source
+    continuity = Continuity()
+    for sample in samples:
+        continuity = judge(continuity, sample, horizon_s).continuity
+    return continuity
 
 
 def live_view(sample: Sample, knobs: frozenset[str], current: ActuatorResult) -> EngineView:
@@ -113,24 +146,41 @@ def step(
     if isinstance(result, NoData):
         logger.warning("no data from %s: %s", result.source, result.reason)
         return Tick(now, None, no_data=result.reason, state=state)
-    restart = engine_restarted(samples[-1], result) if samples else None
+    hold = hold_seconds(policy)
+    judged = judge(followed(state, samples, horizon_seconds(policy)), result, horizon_seconds(policy))
+    state = replace(state, source=judged.continuity)
+    restart = judged.reason if judged.kind == RESTART else None
+    alternation = judged.reason if judged.kind == ALTERNATING else None
     if restart is not None:
         logger.warning(
             "engine restarted (%s): dropping the %d samples taken before it", restart, len(samples)
         )
-        resized = pool_changed(samples[-1], result)
+        resized = pool_changed(samples[-1], result) if samples else None
         samples.clear()
         state = state.after_engine_restart(now)
         if resized is not None:
             logger.warning("%s: max_num_seqs is sized again for the new pool", resized)
             state = state.after_pool_change()
-    samples.append(result)
+    if alternation is not None:
+        logger.warning(
+            "%s (%s): dropping the %d samples taken before it; no action until it has answered from one "
+            "process for %.0f s", ALTERNATING_HINT, alternation, len(samples), hold,
+        )  # fmt: skip
+        samples.clear()
+        state = state.after_engine_restart(now)
+    if judged.keep:
+        samples.append(result)
     current = actuator.current()
     reapplied = reapply_desired(actuator, policy, state, current)
     current = after_calls(current, (outcome for _, _, outcome in reapplied))
-    engine = live_view(result, actuator.knobs, current)
+    engine = live_view(samples[-1] if samples else result, actuator.knobs, current)
     window = Window.of(samples)
-    decision, new_state = decide(window, engine, policy, state, now)
+    holding = state.source.holding(now, hold)
+    if holding is not None:
+        note = f"holding every action: {ALTERNATING_HINT} ({holding})"
+        decision, new_state = Decision(diagnose(window, engine), note=note), state
+    else:
+        decision, new_state = decide(window, engine, policy, state, now)
     for advice in decision.advice:
         logger.info(
             "%s: %s -> %s (%s)", advice.remedy.value, advice.current, advice.recommended, advice.evidence
@@ -147,10 +197,11 @@ def step(
         else:
             logger.error("could not apply %s=%s: %s", change.knob, change.value, outcome.error)
             new_state = state
-    since = window.samples[0].timestamp
-    after = live_view(result, actuator.knobs, after_calls(current, (outcome for _, outcome in applied)))
+    since = window.samples[0].timestamp if window.samples else now
+    shown = samples[-1] if samples else result
+    after = live_view(shown, actuator.knobs, after_calls(current, (outcome for _, outcome in applied)))
     return Tick(now, decision, tuple(applied), state=new_state, restart=restart, reapplied=reapplied,
-                evidence_since=since, engine=after)  # fmt: skip
+                evidence_since=since, engine=after, alternation=alternation, holding=holding)  # fmt: skip
 
 
 def run_loop(

@@ -73,6 +73,10 @@ class Evaluation:
     errors: tuple[str, ...] = ()  # error kinds met this tick
     no_data: bool = False
     interval_s: float | None = None  # how often the policy is evaluated (the stall alert's yardstick)
+    corrupt: tuple[
+        str, ...
+    ] = ()  # series dropped as impossible this tick (exposed names, as the doctor says)
+    alternated: bool = False  # the metrics source answered from another process this tick
 
 
 def actions_of(previous: TunerState, tick: Tick) -> tuple[tuple[str, str], ...]:
@@ -109,8 +113,10 @@ def evaluation_of(
     not name is advised at its current value (nothing to change), so current and recommended lines meet
     on a dashboard when the operator is content and part where it wants a change. A missing cap is 0, as
     on the engine's own `kvtune:max_tokens_cap`."""
+    corrupt = tuple(sorted({name for name, _ in tick.decision.diagnosis.corrupt})) if tick.decision else ()
     base = Evaluation(at=tick.at, actions=actions_of(previous, tick), rung=rung_of(tick.state),
-                      errors=errors_of(tick) + errors)  # fmt: skip
+                      errors=errors_of(tick) + errors, corrupt=corrupt,
+                      alternated=tick.alternation is not None)  # fmt: skip
     if tick.no_data is not None or tick.engine is None or tick.decision is None:
         return replace(base, no_data=tick.no_data is not None)
     engine, d = tick.engine, tick.decision.diagnosis
@@ -161,12 +167,21 @@ class OperatorMetrics:
                                ["namespace", "policy"], registry=r)  # fmt: skip
         self.rollbacks = Counter("kvtune_operator_rollbacks", "Changes the operator rolled back",
                                  ["namespace", "policy"], registry=r)  # fmt: skip
+        self.corrupt = Gauge("kvtune_operator_corrupt_series", "1 for each engine series the last evaluation "
+                             "dropped as impossible (NaN, infinite, a negative counter, ...): never used as a "
+                             "figure", ["namespace", "policy", "series"], registry=r)  # fmt: skip
+        self.alternations = Counter("kvtune_operator_source_alternations", "Samples that came from another "
+                                    "process than the one followed (the metrics URL answers from more than "
+                                    "one process): nothing is acted on until it answers from one",
+                                    ["namespace", "policy"], registry=r)  # fmt: skip
+        self._corrupt_seen: dict[tuple[str, str], tuple[str, ...]] = {}  # policy -> its corrupt series
 
     def declare(self, namespace: str, policy: str) -> None:
         """Start the policy's counters at 0: `increase()` and `changes()` miss the first step of a series
         that appears already at 1, which would hide a policy's first action or first error."""
         self.no_data.labels(namespace, policy)
         self.rollbacks.labels(namespace, policy)
+        self.alternations.labels(namespace, policy)
         for kind in ERROR_KINDS:
             self.errors.labels(namespace, policy, kind)
         for remedy in LADDER:
@@ -187,6 +202,14 @@ class OperatorMetrics:
                 self.errors.labels(namespace, policy, kind).inc()
             if evaluation.no_data:
                 self.no_data.labels(namespace, policy).inc()
+            if evaluation.alternated:
+                self.alternations.labels(namespace, policy).inc()
+            for series in self._corrupt_seen.get((namespace, policy), ()):
+                if series not in evaluation.corrupt:
+                    self._remove(self.corrupt, (namespace, policy, series))
+            for series in evaluation.corrupt:
+                self.corrupt.labels(namespace, policy, series).set(1)
+            self._corrupt_seen[(namespace, policy)] = evaluation.corrupt
             self.rung.labels(namespace, policy).set(evaluation.rung)
             for knob in KNOBS:
                 for kind, values in (
@@ -212,7 +235,7 @@ class OperatorMetrics:
         remedies = [remedy.value for remedy in LADDER]
         children: list[tuple[Counter | Gauge, tuple[str, ...]]] = [
             (self.last_evaluation, ()), (self.interval, ()), (self.rung, ()), (self.no_data, ()),
-            (self.rollbacks, ()),
+            (self.rollbacks, ()), (self.alternations, ()),
             *[(self.actions, (remedy, result)) for remedy in remedies for result in ACTION_RESULTS],
             *[(self.last_action, (remedy,)) for remedy in remedies],
             *[(self.knob, (knob, kind)) for knob in KNOBS for kind in ("current", "recommended")],
@@ -221,7 +244,8 @@ class OperatorMetrics:
             *[(self.errors, (kind,)) for kind in ERROR_KINDS],
         ]  # fmt: skip
         with self._lock:
-            for metric, rest in children:
+            corrupt = self._corrupt_seen.pop((namespace, policy), ())
+            for metric, rest in [*children, *[(self.corrupt, (series,)) for series in corrupt]]:
                 self._remove(metric, (namespace, policy, *rest))
 
     @staticmethod

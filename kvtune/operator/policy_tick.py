@@ -21,6 +21,7 @@ from kvtune.operator.actuators import (
     FanOutActuator,
     KvtuneAdminActuator,
 )
+from kvtune.operator.continuity import ALTERNATING_HINT
 from kvtune.operator.crd import (
     CONDITION_TYPES,
     Condition,
@@ -37,7 +38,7 @@ from kvtune.operator.crd import (
     state_from_status,
     state_to_status,
 )
-from kvtune.operator.diagnosis import Diagnosis
+from kvtune.operator.diagnosis import Diagnosis, corrupt_text, known
 from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.events import EventSpec, PolicyRef, post_event
 from kvtune.operator.k8s_actuator import WorkloadArgsActuator
@@ -129,6 +130,8 @@ class PolicyMemory:
         default_factory=lambda: WorkloadWatch()
     )  # a vllm / sglang workload's rollout, reverts
     current: KnobValues | None = None  # the knobs the engine held at the last evaluation that read them
+    alternating: bool = False  # the source answered from more than one process, recently enough to hold
+    corrupt: tuple[tuple[str, str], ...] = ()  # the series dropped as impossible at the last evaluation
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -283,6 +286,19 @@ def _condition(
     return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=when)
 
 
+def source_condition(memory: PolicyMemory, holding: str | None, no_data: bool, now: float) -> Condition:
+    """SourceAlternating: True while the metrics source answers from more than one process (no action is
+    taken until it answers from one), False while its samples come from one, Unknown without data."""
+    if holding is not None:
+        return _condition(memory, "SourceAlternating", "True", "AlternatingSource",
+                          f"{ALTERNATING_HINT}: {holding}; no action until it answers from one process", now)  # fmt: skip
+    if no_data:
+        return _condition(memory, "SourceAlternating", "Unknown", "NoData", "no sample", now)
+    return _condition(
+        memory, "SourceAlternating", "False", "OneProcess", "the samples come from one process", now
+    )
+
+
 def conditions_for(
     memory: PolicyMemory,
     diagnosis: Diagnosis | None,
@@ -290,14 +306,25 @@ def conditions_for(
     prefix_defeated: tuple[bool, str],
     fp8: tuple[bool, str],
     now: float,
+    holding: str | None = None,
 ) -> list[Condition]:
     if diagnosis is None or diagnosis.status == "no_data":
         reason = no_data or (
             diagnosis.findings[0].evidence if diagnosis and diagnosis.findings else "no data"
         )
-        return [_condition(memory, kind, "Unknown", "NoData", reason, now) for kind in CONDITION_TYPES]
+        blank = [
+            _condition(memory, kind, "Unknown", "NoData", reason, now)
+            for kind in CONDITION_TYPES
+            if kind != "SourceAlternating"
+        ]
+        return [*blank, source_condition(memory, holding, True, now)]
     d = diagnosis
-    if d.preemption_rate is None:
+    corrupt = (
+        f"corrupt metrics, dropped and never used as figures: {corrupt_text(d.corrupt)}" if d.corrupt else ""
+    )
+    if d.preemption_rate is None and d.corrupt and d.samples >= 2:
+        preempting = _condition(memory, "Preempting", "Unknown", "CorruptMetrics", corrupt, now)
+    elif d.preemption_rate is None:
         preempting = _condition(
             memory, "Preempting", "Unknown", "WaitingForSamples", "rates need two samples", now
         )
@@ -310,11 +337,16 @@ def conditions_for(
         preempting = _condition(
             memory, "Preempting", "False", "NoPreemptions", f"over {d.window_seconds:.0f} s", now
         )
-    kv = f"KV usage max {d.kv_usage_max or 0:.0%}, waiting max {d.waiting_max or 0:.0f}"
-    saturated = _condition(
-        memory, "KVSaturated", "True" if d.saturated else "False",
-        "KVCacheFull" if d.saturated else "KVHeadroom", kv, now,
-    )  # fmt: skip
+    kv = f"KV usage max {known(d.kv_usage_max, '.0%')}, waiting max {known(d.waiting_max, '.0f')}"
+    if corrupt:
+        kv += f"; {corrupt}"
+    if d.kv_usage_max is None and d.corrupt:
+        saturated = _condition(memory, "KVSaturated", "Unknown", "CorruptMetrics", kv, now)
+    else:
+        saturated = _condition(
+            memory, "KVSaturated", "True" if d.saturated else "False",
+            "KVCacheFull" if d.saturated else "KVHeadroom", kv, now,
+        )  # fmt: skip
     defeated, defeat_evidence = prefix_defeated
     prefix = _condition(
         memory, "PrefixCacheDefeated", "True" if defeated else "False",
@@ -333,7 +365,8 @@ def conditions_for(
         "WaitingForSamples" if unknown else (("Idle" if d.status == "idle" else "NoPressure") if stable else "Pressure"),
         kv, now,
     )  # fmt: skip
-    return [preempting, saturated, prefix, fp8_condition, stable_condition]
+    source = source_condition(memory, holding, False, now)
+    return [preempting, saturated, prefix, fp8_condition, stable_condition, source]
 
 
 def _knobs(values: dict[str, int | str | None]) -> KnobValues:
@@ -397,7 +430,7 @@ def follow_tick(
         if proposed:
             merged = {**(memory.recommended.dump() if memory.recommended else {}), **_knobs(proposed).dump()}
             memory.recommended = KnobValues.model_validate(merged)
-    conditions = conditions_for(memory, diagnosis, tick.no_data, prefix, fp8, now)
+    conditions = conditions_for(memory, diagnosis, tick.no_data, prefix, fp8, now, tick.holding)
     memory.conditions = {c.type: c for c in conditions}
     if any(c.type == "Stable" and c.status == "True" for c in conditions):
         memory.recommended = None
@@ -663,9 +696,23 @@ def evaluate(
             events.append(EventSpec("Normal", "DesiredStateReapplied", f"{knob} set back to {value}"))
         else:
             events.append(EventSpec("Warning", "ReapplyFailed", f"{knob} -> {value}: {result.error}"))
+    if tick.alternation is not None and not memory.alternating:
+        events.append(EventSpec("Warning", "MetricsSourceAlternating",
+                                f"{ALTERNATING_HINT}: {tick.alternation}; its samples are dropped and nothing "
+                                "is acted on until it answers from one process"))  # fmt: skip
+    elif memory.alternating and tick.holding is None and tick.no_data is None:
+        events.append(EventSpec("Normal", "MetricsSourceStable",
+                                "the metrics source has answered from one process long enough: tuning resumes"))  # fmt: skip
+    if tick.no_data is None:
+        memory.alternating = tick.holding is not None
     if tick.no_data and not memory.no_data:
         events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
     memory.no_data = tick.no_data is not None
+    corrupt = tick.decision.diagnosis.corrupt if tick.decision else ()
+    if corrupt and corrupt != memory.corrupt:
+        events.append(EventSpec("Warning", "CorruptMetrics",
+                                f"corrupt metrics, dropped and never used as figures: {corrupt_text(corrupt)}"))  # fmt: skip
+    memory.corrupt = corrupt
     memory.state = tick.state
     memory.original = first_values(memory.original, tick.state.history)
     if args is not None:
@@ -683,6 +730,8 @@ def evaluate(
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
                                recommended_knobs(memory.recommended), errors)  # fmt: skip
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
+    if corrupt:
+        note = f"{note}; corrupt metrics, dropped: {corrupt_text(corrupt)}"
     pods_status, worst_pod = (
         pod_statuses(memory.pool, tick.evidence_since, held_by_pod(actuator)) if workload else ([], None)
     )

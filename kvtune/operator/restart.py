@@ -1,31 +1,24 @@
-"""Whether an engine restarted between two samples: its process start time moved, or a counter fell.
+"""Whether an engine restarted between two samples, what the operator holds that a restarted engine lost,
+and whether its KV pool changed.
 
 A restarted engine forgot every knob the operator set (it is back at its flags), and its counters count
 from zero, so samples from before the restart describe another process: the operator drops them and
-re-applies its desired values at once (see `local.step`).
+re-applies its desired values at once (see `local.step`). Telling a restart from a source that alternates
+between processes is `continuity.judge`'s job; `engine_restarted` asks it about two samples.
 """
 
 from __future__ import annotations
 
-from kvtune.operator.metric_names import PROCESS_START
+from kvtune.operator.continuity import RESTART, Continuity, judge
 from kvtune.operator.sample import Sample
 
 
 def engine_restarted(before: Sample, after: Sample) -> str | None:
-    """Why `after` comes from a newer engine process than `before`, or None when it is the same one."""
-    started_before, started_after = before.gauges.get(PROCESS_START), after.gauges.get(PROCESS_START)
-    if started_before is not None and started_after is not None and started_after != started_before:
-        return f"process_start_time_seconds moved {started_before:.2f} -> {started_after:.2f}"
-    fallen = sorted(
-        name
-        for name, value in before.counters.items()
-        if name in after.counters and after.counters[name] < value
-    )
-    if fallen:
-        name = fallen[0]
-        more = f" (and {len(fallen) - 1} more)" if len(fallen) > 1 else ""
-        return f"counter {name} fell {before.counters[name]:g} -> {after.counters[name]:g}{more}"
-    return None
+    """Why `after` comes from a newer engine process than `before` (its start time moved, or, without
+    start times, a counter fell), or None when it is the same one or another process answering."""
+    seen = judge(Continuity(), before, float("inf")).continuity
+    judged = judge(seen, after, float("inf"))
+    return judged.reason if judged.kind == RESTART else None
 
 
 def drifted(

@@ -3,6 +3,10 @@
 Impossible values (NaN, infinities, negative counts, a ratio outside [0, 1], histogram buckets that fall
 as `le` rises) are never figures: every series of that canonical name is dropped from the sample and the
 sample names it in `corrupt`, so diagnosis can report it and nothing acts on it.
+
+Every sample names the processes that produced it (`identity`: each `process_start_time_seconds`, by the
+pod or instance its series carries where the source has one), because a counter only grows inside one
+process: `continuity` and `window` never take a rate across two identities.
 """
 
 from __future__ import annotations
@@ -11,7 +15,15 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvtune.operator.metric_names import CACHE_CONFIG_LABELS, RATIO_GAUGES, Canonical, Kind, Merge, lookup
+from kvtune.operator.metric_names import (
+    CACHE_CONFIG_LABELS,
+    PROCESS_START,
+    RATIO_GAUGES,
+    Canonical,
+    Kind,
+    Merge,
+    lookup,
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +33,12 @@ class Histogram:
     buckets: tuple[tuple[float, float], ...]
     count: float
     total: float
+
+
+# One process behind a sample: who (`pod=...`, `instance=...`, `proxy`, or '' for the one process a URL
+# answers from) and its process_start_time_seconds. A sample's identity is the sorted tuple of them.
+Identity = tuple[tuple[str, float], ...]
+IDENTITY_LABELS = ("namespace", "pod", "instance")  # the labels that tell one process's series from another's
 
 
 @dataclass(frozen=True)
@@ -35,6 +53,20 @@ class Sample:
     cache_config: Mapping[str, str] = field(default_factory=dict)
     source: str = ""
     corrupt: tuple[tuple[str, str], ...] = ()  # dropped series: (exposed name, what is wrong with it)
+    identity: Identity = ()  # the processes behind it; () when the source exports no start time
+
+
+def identity_of(sample: Sample) -> Identity:
+    """The processes behind `sample`: its identity, or its one start time when only the gauge says it."""
+    if sample.identity:
+        return sample.identity
+    started = sample.gauges.get(PROCESS_START)
+    return (("", started),) if started is not None else ()
+
+
+def who(labels: Mapping[str, str]) -> str:
+    """Which process a series comes from, by the labels that tell processes apart ('' when none does)."""
+    return ",".join(f"{label}={labels[label]}" for label in IDENTITY_LABELS if labels.get(label))
 
 
 @dataclass(frozen=True)
@@ -88,6 +120,7 @@ def sample_from_series(series: Iterable[Series], timestamp: float, source: str) 
     cache_config: dict[str, str] = {}
     corrupt: dict[str, tuple[str, str]] = {}  # canonical key -> (exposed name, what is wrong)
     exposed: dict[str, str] = {}  # canonical histogram key -> an exposed name, for messages
+    identity: set[tuple[str, float]] = set()
     for name, labels, value in series:
         found = lookup(name)
         if found is None:
@@ -100,6 +133,8 @@ def sample_from_series(series: Iterable[Series], timestamp: float, source: str) 
         if problem is not None:
             corrupt.setdefault(key, (name, problem))
             continue
+        if key == PROCESS_START:
+            identity.add((who(labels), value))
         if entry.kind is Kind.INFO:
             for label, label_value in labels.items():
                 canonical = CACHE_CONFIG_LABELS.get(label)
@@ -140,10 +175,13 @@ def sample_from_series(series: Iterable[Series], timestamp: float, source: str) 
         for key, per in buckets.items()
     }  # fmt: skip
     found_corrupt = tuple(sorted(corrupt.values()))
+    if PROCESS_START in corrupt:
+        identity.clear()  # a start time that is not a number names no process
     if not (gauges or counters or histograms):
         if found_corrupt:
             listed = "; ".join(f"{name}: {problem}" for name, problem in found_corrupt)
             reason = f"corrupt metrics: every series the operator reads is impossible ({listed})"
             return NoData(source, reason, timestamp)
         return NoData(source, "none of the vLLM, SGLang or kvtune series the operator reads", timestamp)
-    return Sample(timestamp, gauges, counters, histograms, cache_config, source, found_corrupt)
+    return Sample(timestamp, gauges, counters, histograms, cache_config, source, found_corrupt,
+                  tuple(sorted(identity)))  # fmt: skip

@@ -10,15 +10,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.operator.metric_names import ENGINE_PREFIXES, PROCESS_SERIES
-from kvtune.operator.sample import NoData, Sample, SampleResult, Series, sample_from_series
+from kvtune.operator.sample import NoData, Sample, SampleResult, Series, identity_of, sample_from_series
 
 Clock = Callable[[], float]
+PROXY = "proxy"  # the proxy's part of an EngineWithProxy sample's identity
+PROXY_START_SERIES = "process_start_time_seconds"
 MAX_RANGE_POINTS = 240  # a range query's points per series: enough for rates, small enough to answer fast
 
 
@@ -95,9 +98,11 @@ class EngineWithProxy:
     engine's own series (KV, preemptions, prefix hits, histograms) beside the proxy's (prefix defeats, the
     max_tokens cap, capped requests), which the engine lacks, so no figure is counted twice.
 
-    The proxy's process series are left out: the engine's start time is what says the engine restarted.
-    A proxy that cannot be read leaves the engine's sample alone (its knobs still need watching); an engine
-    that cannot be read is NoData, as always."""
+    The proxy's process series are left out of the figures (the engine's start time is what says the engine
+    restarted) but its start time joins the sample's identity as `proxy`: the proxy's counters count from
+    zero when it restarts, and that is a restart, not an engine whose counters fell. A proxy that cannot be
+    read leaves the engine's sample alone (its knobs still need watching); an engine that cannot be read is
+    NoData, as always."""
 
     def __init__(self, engine: MetricsEndpoint, proxy: MetricsEndpoint) -> None:
         self.engine = engine
@@ -111,9 +116,13 @@ class EngineWithProxy:
         proxy = self.proxy.series()
         self.proxy_problem = f"{proxy.source}: {proxy.reason}" if isinstance(proxy, NoData) else None
         extra = [] if isinstance(proxy, NoData) else [s for s in proxy if s[0] not in PROCESS_SERIES]
-        return sample_from_series(
+        found = sample_from_series(
             [*engine, *extra], self.engine.clock(), f"{self.engine.url} + {self.proxy.url}"
         )
+        started = [] if isinstance(proxy, NoData) else [v for n, _, v in proxy if n == PROXY_START_SERIES]
+        if isinstance(found, NoData) or len(started) != 1 or not math.isfinite(started[0]):
+            return found
+        return replace(found, identity=tuple(sorted((*identity_of(found), (PROXY, started[0])))))
 
 
 def selector_matchers(selector: str) -> str:

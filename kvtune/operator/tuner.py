@@ -11,8 +11,9 @@ nothing preempts, requests wait and KV usage has headroom; a value that preempte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from kvtune.operator.continuity import Continuity
 from kvtune.operator.diagnosis import Diagnosis, diagnose
 from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, EngineView
 from kvtune.operator.ladder import (
@@ -89,6 +90,8 @@ class TunerState:
     reported: frozenset[str] = frozenset()  # recommendations/flags already in history
     history: tuple[HistoryEntry, ...] = ()
     desired: tuple[tuple[str, Value], ...] = ()  # knob values the operator set and holds, sorted by knob
+    # which process the samples come from (`continuity`): not kept in status, the next samples rebuild it
+    source: Continuity = field(default_factory=Continuity)
 
     def record(self, entry: HistoryEntry) -> TunerState:
         return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])

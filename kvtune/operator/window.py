@@ -1,6 +1,12 @@
-"""A window of samples in time order, and what it says over its span: counter increases and rates (a
-counter that falls is an engine restart and counts from zero again, as Prometheus' `increase()` does),
-gauge statistics, and histogram deltas."""
+"""A window of samples in time order, and what it says over its span: counter increases and rates, gauge
+statistics, and histogram deltas.
+
+Growth is only ever taken inside one process. Between two samples that name different processes (their
+identities, see `sample.identity_of`) nothing is counted: a rate across them would be a flip between
+sources, not work. Inside one process a counter never falls, so a sample below the highest value seen
+(a stale replica, a replayed scrape) counts nothing, and neither does the climb back to that value. Only
+where a source exports no start time does a counter that falls count from zero again, as Prometheus'
+`increase()` does across a restart."""
 
 from __future__ import annotations
 
@@ -8,7 +14,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
-from kvtune.operator.sample import Histogram, Sample
+from kvtune.operator.sample import Histogram, Sample, identity_of
+
+
+def same_process(before: Sample, after: Sample) -> bool | None:
+    """True when both samples name the same processes (or `after` a part of them), False when they name
+    different ones, None when either names none."""
+    first, then = identity_of(before), identity_of(after)
+    if not first or not then:
+        return None
+    known = dict(first)
+    return all(known.get(who) == start for who, start in then)
 
 
 @dataclass(frozen=True)
@@ -37,21 +53,35 @@ class Window:
         return self.samples[-1].timestamp - self.samples[0].timestamp if len(self.samples) > 1 else 0.0
 
     def restarts(self) -> int:
-        """Counter resets seen between consecutive samples (an engine restart resets every counter)."""
+        """Restarts seen between consecutive samples: another process's identity, or, where the source
+        exports no start time, counters that fell (an engine restart resets every counter). A counter that
+        falls inside one identity is no restart: `continuity` calls that source an alternating one."""
         resets = 0
         for before, after in pairwise(self.samples):
-            if any(after.counters.get(name, value) < value for name, value in before.counters.items()):
+            same = same_process(before, after)
+            fell = any(after.counters.get(name, value) < value for name, value in before.counters.items())
+            if same is False or (same is None and fell):
                 resets += 1
         return resets
 
     def increase(self, name: str) -> float | None:
-        """How much counter `name` grew over the window; None when fewer than two samples hold it."""
-        values = [s.counters[name] for s in self.samples if name in s.counters]
-        if len(values) < 2:
+        """How much counter `name` grew over the window, inside one process at a time (see the module's
+        docstring); None when fewer than two samples hold it."""
+        held = [s for s in self.samples if name in s.counters]
+        if len(held) < 2:
             return None
-        grown = 0.0
-        for before, after in pairwise(values):
-            grown += after - before if after >= before else after
+        grown, mark = 0.0, held[0].counters[name]
+        for before, after in pairwise(held):
+            value, previous = after.counters[name], before.counters[name]
+            same = same_process(before, after)
+            if same is None:
+                grown += value - previous if value >= previous else value
+                mark = value
+            elif same:
+                grown += max(0.0, value - mark)
+                mark = max(mark, value)
+            else:
+                mark = value
         return grown
 
     def rate(self, name: str) -> float | None:
@@ -82,20 +112,30 @@ class Window:
         return values[-1] if values else None
 
     def histogram_delta(self, name: str) -> Histogram | None:
-        """Observations that landed in histogram `name` during the window (restart-aware, bucket-wise)."""
-        series = [s.histograms[name] for s in self.samples if name in s.histograms]
-        if len(series) < 2:
+        """Observations that landed in histogram `name` during the window, bucket-wise, inside one process
+        at a time as `increase` counts them."""
+        held = [s for s in self.samples if name in s.histograms]
+        if len(held) < 2:
             return None
         counts: dict[float, float] = {}
         count = total = 0.0
-        for before, after in pairwise(series):
-            restarted = after.count < before.count
-            previous = dict(before.buckets)
-            for bound, value in after.buckets:
+        base = held[0].histograms[name]  # what the next sample's growth is measured from
+        for before, after in pairwise(held):
+            histogram = after.histograms[name]
+            same = same_process(before, after)
+            if same is False or (same and histogram.count < base.count):
+                base = histogram if same is False else base  # another process, or one below its marks
+                continue
+            if same is None:
+                base = before.histograms[name]
+            restarted = same is None and histogram.count < base.count
+            previous = dict(base.buckets)
+            for bound, value in histogram.buckets:
                 grown = value if restarted else value - previous.get(bound, 0.0)
                 counts[bound] = counts.get(bound, 0.0) + max(grown, 0.0)
-            count += after.count if restarted else after.count - before.count
-            total += after.total if restarted else after.total - before.total
+            count += histogram.count if restarted else histogram.count - base.count
+            total += histogram.total if restarted else histogram.total - base.total
+            base = histogram
         return Histogram(tuple(sorted(counts.items())), count, total)
 
     def histogram_latest(self, name: str) -> Histogram | None:

@@ -1,14 +1,13 @@
 """`GET`/`PATCH /admin/config` on the proxy: the live max_tokens cap and its mode, no restart.
 
 The same contract as the engine's admin API (kvtune/engine_sidecar/admin.py), so the operator sets the cap
-in front of vLLM or SGLang exactly as on a kvtune engine: a bearer token read from a file, no routes at all
-(404) without one, `"max_tokens_cap": null` removes the cap, unknown fields and bad values are 400s and a
-rejected patch changes nothing. The proxy has no `max_num_seqs` to offer: that one stays the upstream's.
+in front of vLLM or SGLang exactly as on a kvtune engine: a bearer token read from a file (in exactly one
+Authorization header, `admin_auth`), no routes at all (404) without one, `"max_tokens_cap": null` removes
+the cap, unknown fields and bad values are 400s and a rejected patch changes nothing. The proxy has no `max_num_seqs` to offer: that one stays the upstream's.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable
 from typing import Literal
@@ -17,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from kvtune.engine_sidecar.admin_auth import admin_refusal
 from kvtune.engine_sidecar.api_errors import error_body
 from kvtune.engine_sidecar.request_body import RequestBodyError, parse_json
 from kvtune.proxy.cap import CapPolicy
@@ -52,29 +52,19 @@ def build_proxy_admin_router(
         return router
     expected = f"Bearer {token}".encode()
 
-    def authorized(request: Request) -> bool:
-        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
-
-    def unauthorized() -> JSONResponse:
-        return JSONResponse(
-            error_body(401, "a valid admin bearer token is required"),
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
     def config_of(policy: CapPolicy) -> JSONResponse:
         return JSONResponse(ProxyAdminConfig(max_tokens_cap=policy.cap, cap_mode=policy.mode).model_dump())
 
     @router.get("/admin/config")
     async def get_config(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        if (refused := admin_refusal(request, expected)) is not None:
+            return refused
         return config_of(current())
 
     @router.patch("/admin/config")
     async def patch_config(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+        if (refused := admin_refusal(request, expected)) is not None:
+            return refused
         try:
             patch = ProxyAdminConfigPatch.model_validate(parse_json(await read_body(request, max_body_bytes)))
         except RequestBodyError as err:

@@ -22,6 +22,8 @@ from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.engine_sidecar.http_serving import (
     add_front_arguments,
     check_front_arguments,
+    front_config,
+    log_connection_limits,
     read_token_file,
     serve_together,
 )
@@ -125,16 +127,11 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
     core = build_core(args)
     app = build_proxy_app(core, admin_token=token, include_admin=args.admin_port is None)
-    access_log = args.uvicorn_access_log
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=access_log)
-    )
+    server = uvicorn.Server(front_config(app, args.host, args.port, args, access_log=args.uvicorn_access_log))
     admin = None
     if args.admin_port is not None:
         admin_app = build_proxy_admin_app(core, token)
-        admin = uvicorn.Server(
-            uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
-        )
+        admin = uvicorn.Server(front_config(admin_app, args.host, args.admin_port, args))
     return ProxyServer(core, server, admin)
 
 
@@ -144,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     # httpx logs every upstream request at INFO: a formatted line per request on the hot path.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     proxy = build_proxy(args)
+    log_connection_limits(args)
     logger.info("proxying http://%s:%d to %s", args.host, args.port, proxy.core.upstream.base_url)
     if proxy.admin_server is None:
         proxy.server.run()

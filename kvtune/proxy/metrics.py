@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.core.max_tokens_cap import CAPPED_LABELS
@@ -42,6 +42,9 @@ class ProxyMetrics:
     def __init__(self, detector: PrefixDefeatDetector) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
+        # process_start_time_seconds: the operator tells the proxy's restart (its counters from zero) from
+        # a metrics URL that answers from another process
+        ProcessCollector(registry=reg)
         self.requests = Counter(
             "kvtune:proxy_requests",
             "Requests the proxy answered, each counted once: completed, failed (upstream error, upstream "

@@ -202,6 +202,7 @@ OPERATOR_SERIES = (
     "kvtune_operator_errors_total",
     "kvtune_operator_no_data_total",
     "kvtune_operator_rollbacks_total",
+    "kvtune_operator_source_alternations_total",
 )
 
 
