@@ -88,9 +88,12 @@ def stack(operator_metrics: str, tmp_path_factory: pytest.TempPathFactory) -> It
     control.pop("honor_labels", None)
     control["static_configs"][0]["labels"]["service"] = "control"
     with live_stack([], tmp_path_factory.mktemp("stack"), scrape_configs=[chart_job, control]) as live:
+        # each job's own first scrape (an unlabelled query is answered by whichever job came first)
+        chart_service = service["metadata"]["name"]
         wait_until(
             lambda: (
-                live.query('kvtune_operator_info{service="control"}') and live.query("kvtune_operator_info")
+                live.query('kvtune_operator_info{service="control"}')
+                and live.query(f'kvtune_operator_info{{service="{chart_service}"}}')
             ),
             TIMEOUT_S,
             "both jobs scraping the operator",
