@@ -187,7 +187,7 @@ class Engine:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, dict(self.values))
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         before = self.values[knob]
         if knob == KNOB_MAX_TOKENS_CAP and value is not None and (before is None or value < before):
             self.lowered.append((knob, before, value))
