@@ -1,5 +1,5 @@
-"""A vLLM Deployment of 3 replicas tuned for real. Its Service's EndpointSlices point at 3 real engines on
-loopback under a load that preempts; the operator (a process, as the chart's ServiceAccount) pools the
+"""A vLLM Deployment of 3 replicas tuned for real. Its Service's EndpointSlices point at 3 real engines in
+the run's pod network under a load that preempts; the operator (a process, as the chart's ServiceAccount) pools the
 pods and patches the admission flag once:
 - the other container, the other args and every field the API server defaulted are unchanged;
 - kube-controller-manager rolls out a new ReplicaSet, and the patch is the audit trail: field manager
