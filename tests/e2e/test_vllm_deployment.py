@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client, config
 
 from kvtune.bench.engine_process import EngineProcess
-from kvtune.operator.k8s_actuator import CHANGE_CAUSE, WorkloadArgsActuator, read_flag
+from kvtune.operator.k8s_actuator import CHANGE_CAUSE, CONFLICT_RETRIES, WorkloadArgsActuator, read_flag
 from kvtune.operator.kube_api import KubeApi
 from kvtune.operator.workload_watch import REVERTS_TOLERATED
 from tests.e2e.cluster import Cluster, Operator, cordon, kwok_node, wait_for
@@ -200,7 +200,9 @@ def test_a_concurrent_write_makes_a_real_conflict_that_is_retried(
     actuator = WorkloadArgsActuator(raced, "Deployment", namespace, name, "vllm", "vllm")
     result = actuator.apply("max_num_seqs", 24, "e2e: a conflict")
     assert result.ok and result.values == {"max_num_seqs": 24}, result
-    assert actuator.conflicts == 1  # the API server's own 409, met once and retried
+    # the API server's own 409, met and retried; the controllers keep writing the Deployment's status, and on
+    # a busy machine one of those can land in a retry's read-to-patch gap too: a real conflict, also retried
+    assert raced.raced and 1 <= actuator.conflicts < CONFLICT_RETRIES
     after = deployment(cluster, namespace, name)
     assert read_flag(container(after, "vllm")["args"], ACTIVE) == 24
     assert after["metadata"]["annotations"]["team"] == "serving"  # the other writer's change survives
