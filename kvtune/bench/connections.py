@@ -24,7 +24,7 @@ import httpx
 from kvtune.bench.connection_probes import idle_crowd, slowloris
 from kvtune.bench.engine_process import kvtune_command, write_tiny_model
 from kvtune.bench.local_http import free_port, wait_for
-from kvtune.engine_sidecar.http_connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S
+from kvtune.front.connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S
 
 SECTION = "connections"
 

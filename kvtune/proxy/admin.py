@@ -1,6 +1,6 @@
 """`GET`/`PATCH /admin/config` on the proxy: the live max_tokens cap and its mode, no restart.
 
-The same contract as the engine's admin API (kvtune/engine_sidecar/admin.py), so the operator sets the cap
+The same contract as the engine's admin API (kvtune/engine/admin.py), so the operator sets the cap
 in front of vLLM or SGLang exactly as on a kvtune engine: a bearer token read from a file (in exactly one
 Authorization header, `admin_auth`), no routes at all (404) without one, `"max_tokens_cap": null` removes
 the cap, unknown fields and bad values are 400s and a rejected patch changes nothing. The proxy has no `max_num_seqs` to offer: that one stays the upstream's.
@@ -16,9 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from kvtune.engine_sidecar.admin_auth import admin_refusal
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import RequestBodyError, parse_json
+from kvtune.front.admin import admin_refusal
+from kvtune.front.body import RequestBodyError, parse_json
+from kvtune.front.errors import error_body
 from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.door import read_body
 

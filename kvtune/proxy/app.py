@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.front.errors import error_body
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.admin import build_proxy_admin_router
 from kvtune.proxy.cap import CapPolicy

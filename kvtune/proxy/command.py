@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 import uvicorn
 
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.http_serving import (
+from kvtune.errors import KvtuneError
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.front.flags import (
     add_front_arguments,
     check_front_arguments,
     front_config,
@@ -27,8 +29,6 @@ from kvtune.engine_sidecar.http_serving import (
     read_token_file,
     serve_together,
 )
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
-from kvtune.errors import KvtuneError
 from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
 from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.metrics import ProxyMetrics

@@ -19,8 +19,8 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvtune.core.max_tokens_cap import CAP_HEADER
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import RequestBodyError
+from kvtune.front.body import RequestBodyError
+from kvtune.front.errors import error_body
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.cap import CHAT_FIELDS, COMPLETION_FIELDS, cap_body
 from kvtune.proxy.door import parse_object, read_asgi_body

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.model import CausalLM
+from kvtune.engine.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.kv_cache import KVCache
+from kvtune.engine.model import CausalLM
 from kvtune.kernels import unavailable_reason
 
 

@@ -14,7 +14,7 @@ import torch
 
 from kvtune.bench.load import BatchSpec, run_batch
 from kvtune.cli import main
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.tiny_model import write_tiny_model
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.ladder import lower_max_num_seqs

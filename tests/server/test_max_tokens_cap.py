@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from kvtune.core.max_tokens_cap import CAP_HEADER, CAPPED_LABELS
-from kvtune.engine_sidecar.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
+from kvtune.engine.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, Samples, scrape
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -6,7 +6,7 @@ import bisect
 import itertools
 import random
 
-from kvtune.engine_sidecar.metrics import size_buckets
+from kvtune.engine.metrics import size_buckets
 from kvtune.operator.sample import Histogram
 from kvtune.operator.window import histogram_quantile
 

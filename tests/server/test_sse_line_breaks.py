@@ -8,8 +8,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtune.engine_sidecar.openai_serving import _sse
-from kvtune.engine_sidecar.protocol import (
+from kvtune.engine.openai_serving import _sse
+from kvtune.engine.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.tiny_model import write_tiny_model
 from kvtune.proxy.cap import CapPolicy
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
 from tests.sglang.stand_in import SGLangStandIn

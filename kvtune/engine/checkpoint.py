@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from kvtune.engine_sidecar.config import ModelConfig, parse_model_config
-from kvtune.engine_sidecar.hf_files import read_json, token_ids
+from kvtune.engine.config import ModelConfig, parse_model_config
 from kvtune.errors import KvtuneError
+from kvtune.front.text.hf_files import read_json, token_ids
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from kvtune.engine_sidecar.tiny_tokenizer import (
+from kvtune.errors import KvtuneError
+from kvtune.front.text.tiny_tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
     EOT_TOKEN,
@@ -27,7 +28,6 @@ from kvtune.engine_sidecar.tiny_tokenizer import (
     special_id,
     tokenizer_config,
 )
-from kvtune.errors import KvtuneError
 
 _DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

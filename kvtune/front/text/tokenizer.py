@@ -20,9 +20,9 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Encoding, Tokenizer, decoders
 
-from kvtune.engine_sidecar.hf_files import read_json, token_ids
-from kvtune.engine_sidecar.tiny_tokenizer import byte_symbols
 from kvtune.errors import KvtuneError
+from kvtune.front.text.hf_files import read_json, token_ids
+from kvtune.front.text.tiny_tokenizer import byte_symbols
 
 Message = Mapping[str, Any]
 # Placeholder characters for special-token text in messages: the BMP's and plane 15's private-use areas.

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from kvtune.engine_sidecar.hf_files import token_ids
 from kvtune.errors import KvtuneError
+from kvtune.front.text.hf_files import token_ids
 
 # architecture -> (q/k/v projections have a bias, o_proj has a bias, per-head q/k RMSNorm)
 _ARCHITECTURES: dict[str, tuple[bool, bool, bool]] = {

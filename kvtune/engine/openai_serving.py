@@ -25,19 +25,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
-from kvtune.engine_sidecar.api_errors import echoed, error_body
-from kvtune.engine_sidecar.async_engine import (
+from kvtune.engine.async_engine import (
     AsyncEngine,
     EngineDeadError,
     EngineOverloadedError,
     RequestFailedError,
     RequestStream,
 )
-from kvtune.engine_sidecar.engine import RequestOutput
-from kvtune.engine_sidecar.logprobs import TokenLogprobs
-from kvtune.engine_sidecar.openai_logprobs import LogprobsFormatter
-from kvtune.engine_sidecar.prompt_chars import prompt_char_limit
-from kvtune.engine_sidecar.protocol import (
+from kvtune.engine.engine import RequestOutput
+from kvtune.engine.logprobs import TokenLogprobs
+from kvtune.engine.openai_logprobs import LogprobsFormatter
+from kvtune.engine.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -50,9 +48,11 @@ from kvtune.engine_sidecar.protocol import (
     CompletionResponse,
     Usage,
 )
-from kvtune.engine_sidecar.request_body import read_json
-from kvtune.engine_sidecar.request_max_tokens import MaxTokensChoice, MaxTokensOverCapError, choose_max_tokens
+from kvtune.engine.request_max_tokens import MaxTokensChoice, MaxTokensOverCapError, choose_max_tokens
 from kvtune.errors import KvtuneError
+from kvtune.front.body import read_json
+from kvtune.front.errors import echoed, error_body
+from kvtune.front.text.prompt_chars import prompt_char_limit
 
 logger = logging.getLogger(__name__)
 

@@ -18,22 +18,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvtune.engine_sidecar.admin import AdminConfigPatch, build_admin_router
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.async_engine import AsyncEngine
-from kvtune.engine_sidecar.memory_report import MEMORY_PATH, memory_report, tracing_frames
-from kvtune.engine_sidecar.metrics import CONTENT_TYPE, EngineMetrics
-from kvtune.engine_sidecar.openai_serving import ApiError, ClientGoneError, OpenAIServing
-from kvtune.engine_sidecar.openapi_schema import OPENAPI_URL, install_openapi
-from kvtune.engine_sidecar.prefix_report import REPORT_PATH, prefix_report
-from kvtune.engine_sidecar.protocol import (
+from kvtune.engine.admin import AdminConfigPatch, build_admin_router
+from kvtune.engine.async_engine import AsyncEngine
+from kvtune.engine.memory_report import MEMORY_PATH, memory_report, tracing_frames
+from kvtune.engine.metrics import CONTENT_TYPE, EngineMetrics
+from kvtune.engine.openai_serving import ApiError, ClientGoneError, OpenAIServing
+from kvtune.engine.openapi_schema import OPENAPI_URL, install_openapi
+from kvtune.engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
 )
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit, RequestBodyError
-from kvtune.engine_sidecar.stats_log import log_stats_forever
+from kvtune.engine.stats_log import log_stats_forever
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit, RequestBodyError
+from kvtune.front.errors import error_body
+from kvtune.front.prefix_report import REPORT_PATH, prefix_report
 
 logger = logging.getLogger(__name__)
 

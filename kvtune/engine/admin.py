@@ -17,11 +17,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from kvtune.engine_sidecar.admin_auth import admin_refusal
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.async_engine import AsyncEngine, EngineDeadError
-from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.request_body import read_json
+from kvtune.engine.async_engine import AsyncEngine, EngineDeadError
+from kvtune.engine.engine import LLMEngine
+from kvtune.front.admin import admin_refusal
+from kvtune.front.body import read_json
+from kvtune.front.errors import error_body
 
 logger = logging.getLogger(__name__)
 

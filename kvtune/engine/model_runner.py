@@ -15,15 +15,15 @@ from pathlib import Path
 
 import torch
 
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.logprobs import TokenLogprobs, sampled_logprobs
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
-from kvtune.engine_sidecar.serving_dtype import choose_dtype, cpu_flags
-from kvtune.engine_sidecar.widened_linear import widen_bf16_linears, widening_pays
+from kvtune.engine.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.checkpoint import open_checkpoint
+from kvtune.engine.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from kvtune.engine.kv_cache import KVCache
+from kvtune.engine.logprobs import TokenLogprobs, sampled_logprobs
+from kvtune.engine.model import load_model
+from kvtune.engine.sampling import Sampler, SamplingParams
+from kvtune.engine.serving_dtype import choose_dtype, cpu_flags
+from kvtune.engine.widened_linear import widen_bf16_linears, widening_pays
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvtune.engine_sidecar.api_errors import error_body
+from kvtune.front.errors import error_body
 
 # 4 MiB holds a 128k-token context three times over: as text (~4 characters a token, ~0.5 MB), as token
 # ids (~0.9 MB) or as text a client escaped to \uXXXX for every non-ASCII character (~3 MB); a body larger

@@ -17,12 +17,12 @@ from typing import Any
 import uvicorn
 
 from kvtune.core.max_tokens_cap import CAP_MODES
-from kvtune.engine_sidecar.http_connections import (
+from kvtune.errors import KvtuneError
+from kvtune.front.connections import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     guarded_protocol,
 )
-from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)
 

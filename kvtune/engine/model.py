@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvtune.engine_sidecar.attention_metadata import AttentionMetadata
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.config import ModelConfig
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.rope import RotaryTable, apply_rotary
-from kvtune.engine_sidecar.weight_names import checkpoint_names, gather_parameters
+from kvtune.engine.attention_metadata import AttentionMetadata
+from kvtune.engine.checkpoint import open_checkpoint
+from kvtune.engine.config import ModelConfig
+from kvtune.engine.kv_cache import KVCache
+from kvtune.engine.rope import RotaryTable, apply_rotary
+from kvtune.engine.weight_names import checkpoint_names, gather_parameters
 from kvtune.kernels.backends import Backend, resolve_backend
 
 

@@ -35,15 +35,15 @@ from kvtune.core.accounting import tokens_held
 from kvtune.core.max_tokens_cap import CAP_MODES, CapMode
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.core.request import FinishReason, RequestStatus
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk
-from kvtune.engine_sidecar.choices import PendingChoices, choice_id
-from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.logprobs import TokenLogprobs
-from kvtune.engine_sidecar.model_runner import ModelRunner
-from kvtune.engine_sidecar.sampling import SamplingParams
-from kvtune.engine_sidecar.stops import StopChecker
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.engine.attention_metadata import ScheduledChunk
+from kvtune.engine.choices import PendingChoices, choice_id
+from kvtune.engine.engine_config import EngineConfig
+from kvtune.engine.kv_cache import KVCache
+from kvtune.engine.logprobs import TokenLogprobs
+from kvtune.engine.model_runner import ModelRunner
+from kvtune.engine.sampling import SamplingParams
+from kvtune.engine.stops import StopChecker
+from kvtune.front.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

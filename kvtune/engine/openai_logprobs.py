@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvtune.engine_sidecar.logprobs import TokenLogprobs
-from kvtune.engine_sidecar.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
-from kvtune.engine_sidecar.tokenizer import TextTokenizer
+from kvtune.engine.logprobs import TokenLogprobs
+from kvtune.engine.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from kvtune.front.text.tokenizer import TextTokenizer
 
 
 class LogprobsFormatter:

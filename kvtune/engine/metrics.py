@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.core.max_tokens_cap import CAPPED_LABELS
-from kvtune.engine_sidecar.async_engine import EngineStats
-from kvtune.engine_sidecar.engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
-from kvtune.engine_sidecar.prefix_report import PrefixDefeatCollector
+from kvtune.engine.async_engine import EngineStats
+from kvtune.engine.engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
+from kvtune.front.prefix_report import PrefixDefeatCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ENGINE_INDEX = "0"  # one engine per server; vLLM labels data-parallel ranks the same way

@@ -12,7 +12,7 @@ import hmac
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from kvtune.engine_sidecar.api_errors import error_body
+from kvtune.front.errors import error_body
 
 
 def admin_refusal(request: Request, expected: bytes) -> JSONResponse | None:

@@ -20,10 +20,16 @@ import uvicorn
 from fastapi import FastAPI
 
 from kvtune.core.allocators import POLICIES
-from kvtune.engine_sidecar.async_engine import AsyncEngine
-from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.http_serving import (
+from kvtune.engine.async_engine import AsyncEngine
+from kvtune.engine.engine import LLMEngine
+from kvtune.engine.engine_config import EngineConfig
+from kvtune.engine.memory_report import start_tracing_from_env
+from kvtune.engine.onednn_caches import bound_onednn_caches
+from kvtune.engine.server import build_admin_app, build_app
+from kvtune.engine.tiny_model import write_tiny_model
+from kvtune.errors import KvtuneError
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.front.flags import (
     add_front_arguments,
     check_front_arguments,
     front_config,
@@ -31,14 +37,8 @@ from kvtune.engine_sidecar.http_serving import (
     read_token_file,
     serve_together,
 )
-from kvtune.engine_sidecar.memory_report import start_tracing_from_env
-from kvtune.engine_sidecar.onednn_caches import bound_onednn_caches
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
-from kvtune.engine_sidecar.server import build_admin_app, build_app
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
-from kvtune.errors import KvtuneError
 
-logger = logging.getLogger("kvtune.engine_sidecar.serve")
+logger = logging.getLogger("kvtune.engine.serve")
 
 
 def tiny_model_dir() -> Path:

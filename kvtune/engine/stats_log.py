@@ -10,9 +10,9 @@ import asyncio
 import logging
 import time
 
-from kvtune.engine_sidecar.async_engine import AsyncEngine, EngineStats
+from kvtune.engine.async_engine import AsyncEngine, EngineStats
 
-logger = logging.getLogger("kvtune.engine_sidecar.stats")
+logger = logging.getLogger("kvtune.engine.stats")
 
 
 class StatsLine:
