@@ -1,29 +1,25 @@
 """`GET`/`PATCH /admin/config`: the operator's live levers (max_num_seqs, the max_tokens cap and its mode).
 
-Guarded by a bearer token read from a file, so the secret never appears on a command line; a request with
-more than one Authorization header is refused (`admin_auth`). Without a token
-the routes do not exist at all (404), so an engine started without one cannot be retuned by anyone.
-Changes run on the engine thread between steps; lowering max_num_seqs evicts nobody, admission just waits.
-Every value has an upper bound the engine itself enforces (`LLMEngine.check_*`): max_num_seqs at most the
-pool's blocks, the cap at most max_model_len; `GET` returns the bounds so a client can stay inside them.
+The routes, their bearer-token guard and their refusals are the front's (`front.admin`), shared with the
+proxy; this module says what the engine holds and how it changes it. Changes run on the engine thread
+between steps; lowering max_num_seqs evicts nobody, admission just waits. Every value has an upper bound
+the engine itself enforces (`LLMEngine.check_*`): max_num_seqs at most the pool's blocks, the cap at most
+max_model_len; `GET` returns the bounds so a client can stay inside them.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from typing import Literal
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from kvtune.engine.async_engine import AsyncEngine, EngineDeadError
 from kvtune.engine.engine import LLMEngine
-from kvtune.front.admin import admin_refusal
+from kvtune.front.admin import admin_router
 from kvtune.front.body import read_json
-from kvtune.front.errors import error_body
-
-logger = logging.getLogger(__name__)
+from kvtune.front.errors import ApiError
 
 
 class AdminBounds(BaseModel):
@@ -62,30 +58,19 @@ def _current(engine: LLMEngine) -> AdminConfig:
 
 
 def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRouter:
-    """The admin routes, or an empty router when no token is configured (every admin path is then 404)."""
-    router = APIRouter()
-    if token is None:
-        return router
-    expected = f"Bearer {token}".encode()
+    """The admin routes over the live engine (read and changed on its thread), or an empty router when no
+    token is configured."""
 
-    @router.get("/admin/config")
-    async def get_config(request: Request) -> JSONResponse:
-        if (refused := admin_refusal(request, expected)) is not None:
-            return refused
+    async def on_engine(fn: Callable[[LLMEngine], AdminConfig]) -> AdminConfig:
         try:
-            config = await async_engine.call(_current)
+            return await async_engine.call(fn)
         except EngineDeadError as err:
-            return JSONResponse(error_body(503, str(err)), status_code=503)
-        return JSONResponse(config.model_dump())
+            raise ApiError(503, str(err)) from None
 
-    @router.patch("/admin/config")
-    async def patch_config(request: Request) -> JSONResponse:
-        if (refused := admin_refusal(request, expected)) is not None:
-            return refused
-        try:
-            patch = AdminConfigPatch.model_validate(await read_json(request))
-        except (ValueError, ValidationError) as err:
-            return JSONResponse(error_body(400, f"invalid admin config: {err}"), status_code=400)
+    async def read_config() -> AdminConfig:
+        return await on_engine(_current)
+
+    async def apply_patch(patch: AdminConfigPatch) -> AdminConfig:
         fields = patch.model_fields_set
 
         def apply(engine: LLMEngine) -> AdminConfig:
@@ -101,21 +86,6 @@ def build_admin_router(async_engine: AsyncEngine, token: str | None) -> APIRoute
                 engine.set_cap_mode(patch.cap_mode)
             return _current(engine)
 
-        for name in ("max_num_seqs", "cap_mode"):
-            if name in fields and getattr(patch, name) is None:
-                return JSONResponse(error_body(400, f"{name} cannot be null"), status_code=400)
-        try:
-            config = await async_engine.call(apply)
-        except ValueError as err:
-            return JSONResponse(error_body(400, str(err)), status_code=400)
-        except EngineDeadError as err:
-            return JSONResponse(error_body(503, str(err)), status_code=503)
-        logger.info(
-            "admin: max_num_seqs=%d max_tokens_cap=%s cap_mode=%s",
-            config.max_num_seqs,
-            config.max_tokens_cap,
-            config.cap_mode,
-        )
-        return JSONResponse(config.model_dump())
+        return await on_engine(apply)
 
-    return router
+    return admin_router(token, AdminConfigPatch, read_config, apply_patch, read_json)

@@ -51,7 +51,7 @@ from kvtune.engine.protocol import (
 from kvtune.engine.request_max_tokens import MaxTokensChoice, MaxTokensOverCapError, choose_max_tokens
 from kvtune.errors import KvtuneError
 from kvtune.front.body import read_json
-from kvtune.front.errors import echoed, error_body
+from kvtune.front.errors import ApiError, describe_validation_error, echoed, error_body
 from kvtune.front.text.prompt_chars import prompt_char_limit
 
 logger = logging.getLogger(__name__)
@@ -63,38 +63,8 @@ T = TypeVar("T")
 MAX_PREFIX_KEY_CHARS = 128
 
 
-class ApiError(Exception):
-    """An error the client caused or should hear about, sent as an OpenAI-style body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers
-
-    def response(self) -> JSONResponse:
-        body = error_body(self.status, self.message, self.param, self.code)
-        return JSONResponse(body, self.status, headers=self.headers)
-
-
 class ClientGoneError(Exception):
     """The client disconnected before its (non-streamed) answer was ready."""
-
-
-def describe_validation_error(err: ValidationError) -> ApiError:
-    """The first problem pydantic found, as a one-line 400 naming the field (OpenAI's `param`)."""
-    first = err.errors()[0]
-    param = ".".join(str(part) for part in first.get("loc", ())) or None
-    return ApiError(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param)
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -106,7 +76,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise describe_validation_error(err) from None
+        raise describe_validation_error(err.errors()) from None
 
 
 async def _wait_for_disconnect(request: Request) -> None:

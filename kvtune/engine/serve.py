@@ -9,7 +9,6 @@ start the same server in a thread on a socket of their choosing.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 from dataclasses import dataclass
@@ -30,12 +29,13 @@ from kvtune.engine.tiny_model import write_tiny_model
 from kvtune.errors import KvtuneError
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.front.flags import (
+    LOG_FORMAT,
     add_front_arguments,
+    admin_token,
     check_front_arguments,
     front_config,
     log_connection_limits,
-    read_token_file,
-    serve_together,
+    serve,
 )
 
 logger = logging.getLogger("kvtune.engine.serve")
@@ -191,7 +191,7 @@ def build_server(args: argparse.Namespace) -> Server:
             f"--max-waiting-requests must be >= 0, or -1 for no limit; got {args.max_waiting_requests}"
         )
     check_front_arguments(args)
-    token = read_token_file(args.admin_token_file) if args.admin_token_file else None
+    token = admin_token(args)
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     bound_onednn_caches()  # before the engine's first matmul
     config = engine_config(args)
@@ -219,13 +219,9 @@ def build_server(args: argparse.Namespace) -> Server:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     server = build_server(args)
     log_connection_limits(args)
     logger.info("serving %s on http://%s:%d", server.engine.served_model_name, args.host, args.port)
-    if server.admin_uvicorn is None:
-        server.uvicorn.run()
-    else:
-        logger.info("admin API on http://%s:%d only", args.host, args.admin_port)
-        asyncio.run(serve_together(server.uvicorn, server.admin_uvicorn))
+    serve(server.uvicorn, server.admin_uvicorn, args)
     return 0

@@ -1,28 +1,21 @@
 """The FastAPI app: OpenAI routes, /v1/models, /health, /metrics, the prefix-defeat report and the admin
-API, with errors as JSON.
-
-Every error a client can provoke leaves as an OpenAI-style `{"error": {...}}` body with a 4xx status:
-FastAPI's own 422 for a body it could not validate becomes a 400, unknown routes a JSON 404. A 500 is left
-only for a bug in the server, and even then the body is JSON and the engine keeps serving.
+API, with errors as OpenAI-style JSON (`front.errors`), and a client that hung up answered 499.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvtune.engine.admin import AdminConfigPatch, build_admin_router
 from kvtune.engine.async_engine import AsyncEngine
 from kvtune.engine.memory_report import MEMORY_PATH, memory_report, tracing_frames
 from kvtune.engine.metrics import CONTENT_TYPE, EngineMetrics
-from kvtune.engine.openai_serving import ApiError, ClientGoneError, OpenAIServing
+from kvtune.engine.openai_serving import ClientGoneError, OpenAIServing
 from kvtune.engine.openapi_schema import OPENAPI_URL, install_openapi
 from kvtune.engine.protocol import (
     ChatCompletionRequest,
@@ -31,44 +24,17 @@ from kvtune.engine.protocol import (
     ModelList,
 )
 from kvtune.engine.stats_log import log_stats_forever
-from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit, RequestBodyError
-from kvtune.front.errors import error_body
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
+from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, install_error_handlers
 from kvtune.front.prefix_report import REPORT_PATH, prefix_report
-
-logger = logging.getLogger(__name__)
-
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody is left to read it
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, err: ApiError) -> JSONResponse:
-        return err.response()
-
-    @app.exception_handler(RequestBodyError)
-    async def request_body_error(_: Request, err: RequestBodyError) -> JSONResponse:
-        return err.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0] if err.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        return JSONResponse(error_body(400, f"invalid request: {first.get('msg', err)}", param), 400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(err.status_code, str(err.detail)), err.status_code, headers=err.headers
-        )
+    install_error_handlers(app)
 
     @app.exception_handler(ClientGoneError)
     async def client_gone(_: Request, __: ClientGoneError) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, err: Exception) -> JSONResponse:
-        logger.exception("unexpected error while serving a request")
-        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}"), 500)
 
 
 def build_app(

@@ -14,10 +14,9 @@ import re
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvtune.front.errors import error_body
+from kvtune.front.errors import ApiError
 
 # 4 MiB holds a 128k-token context three times over: as text (~4 characters a token, ~0.5 MB), as token
 # ids (~0.9 MB) or as text a client escaped to \uXXXX for every non-ASCII character (~3 MB); a body larger
@@ -33,17 +32,11 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-class RequestBodyError(Exception):
+class RequestBodyError(ApiError):
     """A body refused at the door, answered with `status` and an OpenAI-style error body."""
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.status, self.message, self.param), self.status)
+        super().__init__(status, message, param)
 
 
 def body_too_large(max_bytes: int) -> RequestBodyError:

@@ -96,6 +96,23 @@ def log_connection_limits(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+LOG_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
+
+
+def admin_token(args: argparse.Namespace) -> str | None:
+    """The admin API's token from `--admin-token-file`, or None when the flag is absent (no admin API)."""
+    return read_token_file(args.admin_token_file) if args.admin_token_file else None
+
+
+def serve(server: uvicorn.Server, admin: uvicorn.Server | None, args: argparse.Namespace) -> None:
+    """Run the API's server until it stops; with `--admin-port`, the admin API's server beside it."""
+    if admin is None:
+        server.run()
+        return
+    logger.info("admin API on http://%s:%d only", args.host, args.admin_port)
+    asyncio.run(serve_together(server, admin))
+
+
 async def serve_together(*servers: uvicorn.Server) -> None:
     """Run the servers on one event loop; when one stops (a signal, a bind failure) the others stop too."""
     tasks = [asyncio.create_task(server.serve()) for server in servers]

@@ -10,17 +10,15 @@ prefix watch once the answer's first byte has been relayed, so tokenizing never 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
-from kvtune.front.errors import error_body
+from kvtune.front.errors import error_body, install_error_handlers
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.admin import build_proxy_admin_router
 from kvtune.proxy.cap import CapPolicy
@@ -29,8 +27,6 @@ from kvtune.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from kvtune.proxy.prefix_watch import PrefixWatch
 from kvtune.proxy.relay import Forward
 from kvtune.proxy.upstream import Upstream, UpstreamError, forwardable
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,19 +73,6 @@ class _ForwardResponse(Response):
         await self.exchange(scope, receive, send)
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(err.status_code, str(err.detail)), err.status_code, headers=err.headers
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, err: Exception) -> JSONResponse:
-        logger.exception("unexpected error while serving a request")
-        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}"), 500)
-
-
 def build_proxy_app(
     core: ProxyCore, admin_token: str | None = None, include_admin: bool = True
 ) -> GenerateFastPath:
@@ -105,7 +88,7 @@ def build_proxy_app(
             await core.aclose()
 
     app = FastAPI(title="kvtune proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -146,7 +129,7 @@ def build_proxy_app(
 def build_proxy_admin_app(core: ProxyCore, admin_token: str | None) -> FastAPI:
     """Only the admin routes, for `--admin-port`: a port a NetworkPolicy can keep private."""
     app = FastAPI(title="kvtune proxy admin", docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     app.include_router(
         build_proxy_admin_router(
             admin_token, core.current_policy, core.set_policy, core.max_request_body_bytes
