@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvtune.bench.scrape import DETECTOR_SECONDS_METRIC, counter_delta, preemption_delta, scrape_totals
+from kvtune.bench.scrape import counter_delta, preemption_delta, scrape_totals
+from kvtune.contract.metrics import DETECTOR_SECONDS
 
 Body = dict[str, Any]
 _ERROR_CHARS = 200
@@ -181,7 +182,7 @@ async def run_batch(url: str, model: str, spec: BatchSpec) -> LoadResult:
         generated_tokens_per_s=round(generated / duration, 2) if duration > 0 else 0.0,
         preemptions=preemption_delta(before, after),
         first_error=errors[0] if errors else None,
-        detector_seconds=counter_delta(before, after, DETECTOR_SECONDS_METRIC),
+        detector_seconds=counter_delta(before, after, DETECTOR_SECONDS),
     )
 
 

@@ -45,6 +45,7 @@ from kvtune.bench.engine import SERVED_MODEL_NAME, KvtuneServer, default_model_d
 from kvtune.bench.load import BatchSpec, batch_bodies
 from kvtune.bench.local_http import free_port
 from kvtune.bench.scrape import metric_totals
+from kvtune.contract.prefix_report import REPORT_PATH
 from kvtune.errors import KvtuneError
 from kvtune.operator.prefix_report import entry_line
 
@@ -262,7 +263,7 @@ async def loop_phase(
     limits = httpx.Limits(max_connections=len(systems) + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0), limits=limits) as client:
         before_metrics = (await client.get(f"{direct}/metrics")).text
-        before_report = (await client.get(f"{proxy}/kvtune/prefix-report")).json()
+        before_report = (await client.get(f"{proxy}{REPORT_PATH}")).json()
 
         async def one(system: str) -> None:
             body = {
@@ -278,7 +279,7 @@ async def loop_phase(
         await asyncio.gather(*(one(system) for system in systems))
         await asyncio.sleep(1.0)  # the proxy's detector runs off the request path: let it catch up
         after_metrics = (await client.get(f"{direct}/metrics")).text
-        after_report = (await client.get(f"{proxy}/kvtune/prefix-report")).json()
+        after_report = (await client.get(f"{proxy}{REPORT_PATH}")).json()
     out, err = await asyncio.to_thread(doctor.communicate, timeout=300)
     if doctor.returncode != 0:
         raise KvtuneError(f"kvtune doctor failed during the closed loop: {err[-500:]}")

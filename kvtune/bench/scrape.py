@@ -2,7 +2,7 @@
 prometheus-client's text parser (the one the operator uses), and the preemption count taken from them.
 
 vLLM and kvtune spell the preemption counter `vllm:num_preemptions_total`; exporters that rewrite colons
-give `vllm_num_preemptions_total`. Either is counted.
+give `vllm_num_preemptions_total`. Either is counted (the names are `kvtune.contract.metrics`').
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-PREEMPTIONS_METRIC = "vllm:num_preemptions_total"
-PREEMPTION_SERIES = (PREEMPTIONS_METRIC, "vllm_num_preemptions_total")
+from kvtune.contract import metrics as m
+
+(PREEMPTIONS_METRIC,) = m.series_of(m.PREEMPTIONS, "vllm")
+PREEMPTION_SERIES = tuple(m.spellings(PREEMPTIONS_METRIC))
 
 
 def metric_totals(text: str) -> dict[str, float]:
@@ -46,9 +48,6 @@ def preemption_delta(before: dict[str, float] | None, after: dict[str, float] | 
         return None
     last = preemptions(after)
     return None if last is None else last - (preemptions(before) or 0.0)
-
-
-DETECTOR_SECONDS_METRIC = "kvtune:prefix_detector_seconds_total"
 
 
 def counter_delta(before: dict[str, float] | None, after: dict[str, float] | None, name: str) -> float | None:

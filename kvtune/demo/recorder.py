@@ -7,9 +7,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from kvtune.contract import metrics as m
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.demo.timeline import Action, Point
-from kvtune.operator import metric_names as m
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.local import Tick
 from kvtune.operator.sample import NoData, Sample, SampleResult
 from kvtune.operator.sources import MetricSource

@@ -23,6 +23,8 @@ import httpx
 import numpy as np
 
 from kvtune.bench.load import BackgroundLoad, Failure, failure_cause
+from kvtune.contract import metrics as m
+from kvtune.contract.prefix_report import report_url
 from kvtune.demo.engine import Engine, EngineSpec
 from kvtune.demo.recorder import Recorder, RecordingSource
 from kvtune.demo.timeline import Action, Figures, Point, Timeline, span_hit_rate
@@ -36,11 +38,10 @@ from kvtune.demo.workload import (
     shared_prompt,
 )
 from kvtune.errors import KvtuneError
-from kvtune.operator import metric_names as m
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.local import run_loop
 from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
+from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricsEndpoint
 

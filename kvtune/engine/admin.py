@@ -10,41 +10,15 @@ max_model_len; `GET` returns the bounds so a client can stay inside them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from kvtune.contract.admin import AdminBounds, AdminConfig, AdminConfigPatch
 from kvtune.engine.async_engine import AsyncEngine, EngineDeadError
 from kvtune.engine.engine import LLMEngine
 from kvtune.front.admin import admin_router
 from kvtune.front.body import read_json
 from kvtune.front.errors import ApiError
-
-
-class AdminBounds(BaseModel):
-    """The largest value each knob accepts on this engine."""
-
-    max_num_seqs: int
-    max_tokens_cap: int
-
-
-class AdminConfig(BaseModel):
-    max_num_seqs: int
-    max_tokens_cap: int | None
-    cap_mode: str
-    bounds: AdminBounds
-
-
-class AdminConfigPatch(BaseModel):
-    """Fields absent from the body stay as they are; `"max_tokens_cap": null` removes the cap; `cap_mode`
-    says what a request over the cap gets (clamp: a lower max_tokens, reject: a 400)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_num_seqs: StrictInt | None = Field(default=None, ge=1)
-    max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
-    cap_mode: Literal["clamp", "reject"] | None = None
 
 
 def _current(engine: LLMEngine) -> AdminConfig:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from kvtune.contract.admin import CAP_MODES, CapMode, CapSetting
 from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
 from kvtune.core.accounting import tokens_held
-from kvtune.core.max_tokens_cap import CAP_MODES, CapMode
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.core.request import FinishReason, RequestStatus
 from kvtune.engine.attention_metadata import ScheduledChunk
@@ -112,15 +112,6 @@ class _Track:
     last_token_at: float | None = None
     num_cached_tokens: int = 0  # prefix-cache hit at first admission (a recompute's hit is not the client's)
     prefix_key: str = ""  # what the prefix-defeat detector groups this prompt under (model or tenant)
-
-
-@dataclass(frozen=True)
-class CapSetting:
-    """The live max_tokens cap (None: none) and what happens above it. Replaced whole, never mutated, so
-    the HTTP layer reads a consistent pair from its own thread while the admin API changes it."""
-
-    cap: int | None = None
-    mode: CapMode = "clamp"
 
 
 class LLMEngine:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtune.contract.admin import CAP_MODES, CapMode
 from kvtune.core.allocators import POLICIES
 from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
-from kvtune.core.max_tokens_cap import CAP_MODES, CapMode
 from kvtune.engine.config import MODEL_DTYPES
 from kvtune.errors import KvtuneError
 

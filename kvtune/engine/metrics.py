@@ -15,7 +15,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from kvtune.core.max_tokens_cap import CAPPED_LABELS
+from kvtune.contract.metrics import CAPPED_LABELS
 from kvtune.engine.async_engine import EngineStats
 from kvtune.engine.engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
 from kvtune.front.prefix_report import PrefixDefeatCollector

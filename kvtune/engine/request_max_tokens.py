@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.core.max_tokens_cap import CAP_HEADER, CapMode, apply_max_tokens_cap
+from kvtune.contract.admin import CAP_HEADER, CapMode
+from kvtune.front.max_tokens_cap import apply_max_tokens_cap
 
 
 @dataclass(frozen=True)

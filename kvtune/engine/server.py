@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from kvtune.engine.admin import AdminConfigPatch, build_admin_router
+from kvtune.contract.admin import ADMIN_CONFIG_PATH, AdminConfigPatch
+from kvtune.contract.prefix_report import REPORT_PATH
+from kvtune.engine.admin import build_admin_router
 from kvtune.engine.async_engine import AsyncEngine
 from kvtune.engine.memory_report import MEMORY_PATH, memory_report, tracing_frames
 from kvtune.engine.metrics import CONTENT_TYPE, EngineMetrics
@@ -26,7 +28,7 @@ from kvtune.engine.protocol import (
 from kvtune.engine.stats_log import log_stats_forever
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, install_error_handlers
-from kvtune.front.prefix_report import REPORT_PATH, prefix_report
+from kvtune.front.prefix_report import prefix_report
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -119,7 +121,7 @@ def build_app(
         {
             ("/v1/completions", "post"): CompletionRequest,
             ("/v1/chat/completions", "post"): ChatCompletionRequest,
-            ("/admin/config", "patch"): AdminConfigPatch,
+            (ADMIN_CONFIG_PATH, "patch"): AdminConfigPatch,
         },
         admin_paths=("/admin/",),
     )

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from kvtune.contract.admin import ADMIN_CONFIG_PATH, KNOB_MAX_TOKENS_CAP
 from kvtune.front.body import RequestBodyError
 from kvtune.front.errors import ApiError, error_body
 
@@ -60,9 +61,9 @@ def admin_router(
     if token is None:
         return router
     expected = f"Bearer {token}".encode()
-    nullable = {"max_tokens_cap"}
+    nullable = {KNOB_MAX_TOKENS_CAP}
 
-    @router.get("/admin/config")
+    @router.get(ADMIN_CONFIG_PATH)
     async def get_config(request: Request) -> JSONResponse:
         if (refused := admin_refusal(request, expected)) is not None:
             return refused
@@ -72,7 +73,7 @@ def admin_router(
             return err.response()
         return JSONResponse(config.model_dump())
 
-    @router.patch("/admin/config")
+    @router.patch(ADMIN_CONFIG_PATH)
     async def patch_config(request: Request) -> JSONResponse:
         if (refused := admin_refusal(request, expected)) is not None:
             return refused

@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from kvtune.core.max_tokens_cap import CAP_MODES
+from kvtune.contract.admin import CAP_MODES
 from kvtune.errors import KvtuneError
 from kvtune.front.connections import (
     DEFAULT_HEADER_TIMEOUT_S,

@@ -10,29 +10,29 @@ exported at all, so a reader cannot mistake "not watched" for "no defeats".
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import cast
 
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvtune.contract import metrics as m
+from kvtune.contract.prefix_report import PrefixReport
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
 
-DEFEATS_METRIC = "kvtune:prefix_defeats"  # exposed as kvtune:prefix_defeats_total{reason}
-DEFEAT_TOKENS_METRIC = "kvtune:prefix_defeat_tokens"  # exposed as kvtune:prefix_defeat_tokens_total{reason}
-DETECTOR_SECONDS_METRIC = "kvtune:prefix_detector_seconds"  # exposed as kvtune:prefix_detector_seconds_total
-REPORT_PATH = "/kvtune/prefix-report"
+(DEFEATS_METRIC,) = m.series_of(m.PREFIX_DEFEATS, "kvtune")  # kvtune:prefix_defeats_total{reason}
+(DEFEAT_TOKENS_METRIC,) = m.series_of(m.PREFIX_DEFEAT_TOKENS, "kvtune")  # kvtune:prefix_defeat_tokens_total
 
 
 def prefix_report(
     detector: PrefixDefeatDetector | None,
     key_header: str | None,
     decode: Callable[[Sequence[int]], str] | None,
-) -> dict[str, Any]:
+) -> PrefixReport:
     """The report's JSON: the detector's own, plus whether it runs, what prompts are grouped by, and, when
     `decode` is given (the opt-in), each example's varying span as text."""
     if detector is None:
         return {"enabled": False, "reason": "the server runs with --no-prefix-detector"}
-    report = detector.report()
+    report = cast(PrefixReport, detector.report())
     report["enabled"] = True
     report["key"] = f"header:{key_header}" if key_header else "model"
     if decode is not None:
@@ -69,7 +69,7 @@ class PrefixDefeatCollector(Collector):
             defeats.add_metric([*self.label_values, reason], count)
             tokens.add_metric([*self.label_values, reason], lost)
         seconds = CounterMetricFamily(
-            DETECTOR_SECONDS_METRIC,
+            m.DETECTOR_SECONDS,
             "Time the prefix-defeat detector spent judging prompts (its cost to the engine).",
             labels=self.label_names[:-1],
         )

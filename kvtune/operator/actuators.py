@@ -12,7 +12,7 @@ from typing import Protocol
 
 import httpx
 
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.admin import ADMIN_CONFIG_PATH, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 
 KnobValues = dict[str, int | None]
 
@@ -52,7 +52,7 @@ class KvtuneAdminActuator:
         knobs: frozenset[str] = ENGINE_KNOBS,
         name: str = "admin API",
     ) -> None:
-        self.url = url.rstrip("/") + "/admin/config"
+        self.url = url.rstrip("/") + ADMIN_CONFIG_PATH
         self.headers = {"Authorization": f"Bearer {token}"}
         self.timeout = timeout
         self.knobs = knobs

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
 from kvtune.errors import KvtuneError
 from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
 from kvtune.operator.diagnosis import Diagnosis, corrupt_text, known
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.local import Tick, run_loop
 from kvtune.operator.own_metrics import DEFAULT_PORT, OperatorMetrics
 from kvtune.operator.policy import Mode, TuningPolicy

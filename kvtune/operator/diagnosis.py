@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.continuity import ALTERNATING_HINT, anomalies
 from kvtune.operator.engine_view import EngineView
 from kvtune.operator.sample import Histogram

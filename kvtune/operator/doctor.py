@@ -17,14 +17,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvtune.contract import metrics as m
+from kvtune.contract.prefix_report import report_url
 from kvtune.errors import KvtuneError
-from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import Diagnosis, Finding, diagnose, no_data
 from kvtune.operator.doctor_admission import admission_advice
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.ladder import Advice, plan
 from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
+from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import (
     EngineWithProxy,

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.admission_flag import choose_flag, parse_version
 from kvtune.operator.sample import Sample
 

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvtune.operator.metric_names import MAX_NUM_SEQS, MAX_TOKENS_CAP
+from kvtune.contract.metrics import MAX_NUM_SEQS, MAX_TOKENS_CAP
 from kvtune.operator.sample import Sample
-
-KNOB_MAX_NUM_SEQS = "max_num_seqs"
-KNOB_MAX_TOKENS_CAP = "max_tokens_cap"
-KNOB_KV_CACHE_DTYPE = "kv_cache_dtype"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
 from kvtune.operator.actuators import ActuatorResult
 from kvtune.operator.admission_flag import (
     MAX_NUM_SEQS,
@@ -27,7 +28,6 @@ from kvtune.operator.admission_flag import (
     admission_value,
     choose_flag,
 )
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.kube_api import KubeApi, KubeError, WorkloadKind
 
 # the engine flag that bounds concurrently running requests (vLLM's is chosen per workload)

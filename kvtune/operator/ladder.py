@@ -11,14 +11,10 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.continuity import ALTERNATING_HINT
 from kvtune.operator.diagnosis import Diagnosis
-from kvtune.operator.engine_view import (
-    KNOB_KV_CACHE_DTYPE,
-    KNOB_MAX_NUM_SEQS,
-    KNOB_MAX_TOKENS_CAP,
-    EngineView,
-)
+from kvtune.operator.engine_view import EngineView
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.prefix_fixes import fix_text
 

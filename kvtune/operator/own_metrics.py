@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.metrics_core import Metric
 
 from kvtune import __version__
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.crd import CONDITION_TYPES
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.ladder import LADDER
 from kvtune.operator.local import Tick
 from kvtune.operator.tuner import TunerState

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.actuators import (
     ENGINE_KNOBS,
     PROXY_KNOBS,
@@ -39,7 +40,6 @@ from kvtune.operator.crd import (
     state_to_status,
 )
 from kvtune.operator.diagnosis import Diagnosis, corrupt_text, known
-from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.events import EventSpec, PolicyRef, post_event
 from kvtune.operator.k8s_actuator import WorkloadArgsActuator
 from kvtune.operator.kube_api import KubeApi, KubeError

@@ -8,22 +8,15 @@ shape gives None: the report is extra evidence, never a reason to fail.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
+from kvtune.contract.prefix_report import PrefixReport
 from kvtune.operator.prefix_fixes import fix_text, where_text
 
-REPORT_PATH = "/kvtune/prefix-report"
 
-
-def report_url(metrics_url: str) -> str:
-    """The report beside a /metrics URL (or a server's base URL)."""
-    base = metrics_url.rstrip("/").removesuffix("/metrics")
-    return base + REPORT_PATH
-
-
-def fetch_report(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
+def fetch_report(url: str, timeout: float = 5.0) -> PrefixReport | None:
     """The report's JSON, or None when the server has none to give."""
     try:
         response = httpx.get(url, timeout=timeout)
@@ -32,20 +25,20 @@ def fetch_report(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("reasons"), dict):
         return None
-    return data
+    return cast(PrefixReport, data)
 
 
 def _number(value: object) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-def defeat_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
+def defeat_entries(report: PrefixReport) -> list[dict[str, Any]]:
     """One entry per reason with defeats, most tokens lost first: prompts, tokens lost, where the span lies
     (from the newest example), and the fix (the report's own wording when it has one)."""
     block = report.get("block_size") if isinstance(report.get("block_size"), int) else None
     given = report.get("fixes")
     fixes: dict[str, Any] = given if isinstance(given, dict) else {}
-    entries = []
+    entries: list[dict[str, Any]] = []
     for reason, found in report["reasons"].items():
         if not isinstance(found, dict) or _number(found.get("defeats")) <= 0:
             continue

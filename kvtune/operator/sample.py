@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvtune.operator.metric_names import (
+from kvtune.contract.metrics import (
     CACHE_CONFIG_LABELS,
     PROCESS_START,
     RATIO_GAUGES,

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.operator.metric_names import ENGINE_PREFIXES, PROCESS_SERIES
+from kvtune.contract.metrics import ENGINE_PREFIXES, PROCESS_SERIES
 from kvtune.operator.sample import NoData, Sample, SampleResult, Series, identity_of, sample_from_series
 
 Clock = Callable[[], float]

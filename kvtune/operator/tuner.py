@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS
+from kvtune.contract.metrics import PREEMPTIONS, RUNNING
 from kvtune.operator.continuity import Continuity
 from kvtune.operator.diagnosis import Diagnosis, diagnose
-from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, EngineView
+from kvtune.operator.engine_view import EngineView
 from kvtune.operator.ladder import (
     LADDER,
     Advice,
@@ -28,7 +30,6 @@ from kvtune.operator.ladder import (
     raise_max_num_seqs,
     recommend_fp8_kv,
 )
-from kvtune.operator.metric_names import PREEMPTIONS, RUNNING
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.window import Window
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.actuators import Actuator
-from kvtune.operator.engine_view import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.ladder import Remedy
 from kvtune.operator.mode_ceiling import UNDO_ANNOTATION
 from kvtune.operator.tuner import Figures, HistoryEntry, TunerState, Value

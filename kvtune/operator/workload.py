@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
 from kvtune.operator.actuators import (
     ENGINE_KNOBS,
     PROXY_KNOBS,
@@ -16,7 +17,6 @@ from kvtune.operator.actuators import (
     KvtuneAdminActuator,
 )
 from kvtune.operator.crd import POD_STATUS_LIMIT, KVTuningPolicySpec, PodEndpoints, PodStatus
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.kube_api import KubeApi
 from kvtune.operator.pods import Pod, PodEndpointsSource, PodSource, PooledSource, discover, pod_url
 from kvtune.operator.pooling import PodEvidence, PoolState, evidence

@@ -17,11 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from kvtune.contract.admin import CapSetting
+from kvtune.contract.prefix_report import REPORT_PATH
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.front.errors import error_body, install_error_handlers
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.admin import build_proxy_admin_router
-from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.generate import GenerateFastPath
 from kvtune.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from kvtune.proxy.prefix_watch import PrefixWatch
@@ -36,19 +37,19 @@ class ProxyCore:
     upstream: Upstream
     watch: PrefixWatch
     metrics: ProxyMetrics
-    policy: CapPolicy = field(default_factory=CapPolicy)
+    cap_setting: CapSetting = field(default_factory=CapSetting)
     prefix_key_header: str | None = None
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
 
     def __post_init__(self) -> None:
-        self.metrics.set_cap(self.policy.cap)
+        self.metrics.set_cap(self.cap_setting.cap)
 
-    def current_policy(self) -> CapPolicy:
-        return self.policy
+    def current_cap_setting(self) -> CapSetting:
+        return self.cap_setting
 
-    def set_policy(self, policy: CapPolicy) -> None:
-        self.policy = policy
-        self.metrics.set_cap(policy.cap)
+    def set_cap_setting(self, setting: CapSetting) -> None:
+        self.cap_setting = setting
+        self.metrics.set_cap(setting.cap)
 
     def prefix_key(self, tenant: str | None, model: object) -> str:
         """The detector's key: the tenant header's value (`tenant`) when one is configured and sent, else
@@ -113,14 +114,14 @@ def build_proxy_app(
     async def prometheus_metrics() -> Response:
         return Response(core.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/kvtune/prefix-report")
+    @app.get(REPORT_PATH)
     async def prefix_report() -> JSONResponse:
         return JSONResponse(core.watch.report())
 
     if include_admin:
         app.include_router(
             build_proxy_admin_router(
-                admin_token, core.current_policy, core.set_policy, core.max_request_body_bytes
+                admin_token, core.current_cap_setting, core.set_cap_setting, core.max_request_body_bytes
             )
         )
     return GenerateFastPath(app, core)
@@ -132,7 +133,7 @@ def build_proxy_admin_app(core: ProxyCore, admin_token: str | None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(
         build_proxy_admin_router(
-            admin_token, core.current_policy, core.set_policy, core.max_request_body_bytes
+            admin_token, core.current_cap_setting, core.set_cap_setting, core.max_request_body_bytes
         )
     )
     return app

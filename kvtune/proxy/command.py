@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
+from kvtune.contract.admin import CapSetting
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.errors import KvtuneError
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -30,7 +31,6 @@ from kvtune.front.flags import (
     serve,
 )
 from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
-from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.metrics import ProxyMetrics
 from kvtune.proxy.prefix_watch import PrefixWatch
 from kvtune.proxy.prompt_tokens import PromptTokens
@@ -117,7 +117,7 @@ def build_core(args: argparse.Namespace) -> ProxyCore:
         upstream=Upstream(args.upstream, args.upstream_timeout),
         watch=watch,
         metrics=ProxyMetrics(detector),
-        policy=CapPolicy(args.max_tokens_cap, args.cap_mode),
+        cap_setting=CapSetting(args.max_tokens_cap, args.cap_mode),
         prefix_key_header=args.prefix_key_header,
         max_request_body_bytes=args.max_request_body_bytes,
     )

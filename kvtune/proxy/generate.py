@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvtune.core.max_tokens_cap import CAP_HEADER
+from kvtune.contract.admin import CAP_HEADER
 from kvtune.front.body import RequestBodyError
 from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, internal_error
 from kvtune.proxy.accounting import RequestRecord
@@ -86,7 +86,7 @@ class GenerateFastPath:
                     headers.append((name.decode("latin-1"), value.decode("latin-1")))
             raw = await read_asgi_body(receive, declared, core.max_request_body_bytes)
             body = await parse_object(raw)
-            capped = cap_body(body, fields, core.policy)
+            capped = cap_body(body, fields, core.cap_setting)
             if capped.counted_as is not None:
                 core.metrics.capped.labels(capped.counted_as).inc()
             if capped.error is not None:

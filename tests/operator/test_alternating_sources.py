@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.actuators import ActuatorResult
 from kvtune.operator.continuity import ALTERNATING, ALTERNATING_HINT, FIRST, RESTART, SAME, Continuity, judge
 from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.ladder import plan
 from kvtune.operator.local import Tick, hold_seconds, step
 from kvtune.operator.policy import Mode, TuningPolicy

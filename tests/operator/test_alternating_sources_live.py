@@ -23,11 +23,11 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.metrics import PREEMPTIONS
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.continuity import ALTERNATING_HINT
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.local import Tick, hold_seconds, run_loop
-from kvtune.operator.metric_names import PREEMPTIONS
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.sources import MetricsEndpoint

@@ -20,12 +20,12 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
+from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
 from kvtune.operator.actuators import KvtuneAdminActuator
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.ladder import plan
 from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.sources import MetricsEndpoint

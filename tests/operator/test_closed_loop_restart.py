@@ -19,10 +19,10 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
+from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
 from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
 from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sources import MetricsEndpoint
 from tests.operator.test_closed_loop import read

@@ -19,10 +19,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.actuators import ActuatorResult
 from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, engine_view_from_sample
+from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.local import step
 from kvtune.operator.local_metrics import LocalRecorder
 from kvtune.operator.own_metrics import OperatorMetrics

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.actuators import ActuatorResult
 from kvtune.operator.crd import DesiredValues, KVTuningPolicyStatus, state_from_status, state_to_status
 from kvtune.operator.diagnosis import Diagnosis
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.ladder import Remedy
 from kvtune.operator.local import Tick, step
 from kvtune.operator.policy import Mode, TuningPolicy

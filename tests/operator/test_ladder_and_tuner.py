@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
 from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, EngineView
+from kvtune.operator.engine_view import EngineView
 from kvtune.operator.ladder import Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample

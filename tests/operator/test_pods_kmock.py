@@ -19,7 +19,7 @@ from typing import Any
 import kmock
 import pytest
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.crd import KVTuningPolicySpec
 from kvtune.operator.events import PolicyRef
 from kvtune.operator.k8s_actuator import read_flag

@@ -11,7 +11,7 @@ import jsonschema
 import pydantic
 import pytest
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.actuators import ActuatorResult, ComposedActuator, FanOutActuator
 from kvtune.operator.crd import KVTuningPolicySpec
 from kvtune.operator.local import reapply_desired

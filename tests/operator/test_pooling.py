@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.pooling import PoolState, evidence, pool, worst_pod_line
 from kvtune.operator.sample import Histogram, Sample
 from kvtune.operator.window import Window

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.diagnosis import Diagnosis, diagnose
 from kvtune.operator.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.ladder import cap_max_tokens, flag_prefix_defeat

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.sources import MetricsEndpoint, PrometheusSource, parse_exposition
 from tests.operator.helpers import fixture_text, prometheus_vector, recorded

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
+from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.diagnosis import Diagnosis
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, EngineView
+from kvtune.operator.engine_view import EngineView
 from kvtune.operator.ladder import probe_max_num_seqs
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Histogram, Sample

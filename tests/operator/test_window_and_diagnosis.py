@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.diagnosis import diagnose, pooled_p95_concurrency
 from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.sample import Sample

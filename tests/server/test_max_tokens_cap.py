@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.core.max_tokens_cap import CAP_HEADER, CAPPED_LABELS
+from kvtune.contract.admin import CAP_HEADER
+from kvtune.contract.metrics import CAPPED_LABELS
 from kvtune.engine.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, Samples, scrape
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
+from kvtune.contract import metrics as m
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import engine_view_from_sample
 from kvtune.operator.ladder import flag_prefix_defeat

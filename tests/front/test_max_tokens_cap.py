@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtune.core.max_tokens_cap import apply_max_tokens_cap
+from kvtune.front.max_tokens_cap import apply_max_tokens_cap
 
 
 def test_no_cap_leaves_the_request_alone() -> None:

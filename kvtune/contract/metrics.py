@@ -1,14 +1,17 @@
-"""One map from every engine's metric names to kvtune's canonical names.
+"""Every engine's metric names, once: one map from vLLM's (current and legacy), SGLang's and kvtune's series
+to kvtune's canonical names, and the families the rules and benchmarks read by meaning.
 
-vLLM (current and legacy names), SGLang and kvtune all land on the same canonical keys, so diagnosis never
-knows which engine it reads. `vllm_`/`sglang_`/`kvtune_` spellings (colons rewritten by an OpenMetrics
-scrape or a relabel) are folded onto the colon spelling first.
+vLLM, SGLang and kvtune all land on the same canonical keys, so diagnosis never knows which engine it reads.
+`vllm_`/`sglang_`/`kvtune_` spellings (colons rewritten by an OpenMetrics scrape or a relabel) are folded
+onto the colon spelling first; `spellings` gives both, for a PromQL query or a scrape that must match either.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+from kvtune.contract.admin import CAP_MODES
 
 
 class Kind(Enum):
@@ -136,9 +139,43 @@ CACHE_CONFIG_LABELS = {
     "max_model_len": "max_model_len",
 }
 
+# kvtune's own series that the operator does not read (the proxy's, the detector's cost).
+DETECTOR_SECONDS = "kvtune:prefix_detector_seconds_total"
+# The label values of `kvtune:capped_requests_total{mode}`: the two cap modes, and the cap used as a default.
+CAPPED_DEFAULT = "default"
+CAPPED_LABELS = (*CAP_MODES, CAPPED_DEFAULT)
+
+# Latency histograms, read by the rules and dashboards (the operator judges from counts, not latencies).
+TTFT_SERIES = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
+ITL_SERIES = (
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",  # its name before vLLM 0.10
+    "sglang:inter_token_latency_seconds",
+)
+E2E_SERIES = ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds")
+QUEUE_SERIES = ("vllm:request_queue_time_seconds",)
+
 ENGINE_PREFIXES = ("vllm", "sglang", "kvtune")
 PROCESS_SERIES = ("process_start_time_seconds",)  # read beside the engine's own series
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def series_of(canonical: str, engine: str | None = None) -> tuple[str, ...]:
+    """The exposed series (colon spelling) that mean `canonical`, in the map's order; only `engine`'s
+    (`vllm`, `sglang`, `kvtune`) when one is named."""
+    return tuple(
+        name
+        for name, entry in NAME_MAP.items()
+        if entry.name == canonical and (engine is None or name.startswith(f"{engine}:"))
+    )
+
+
+def spellings(*colon_names: str) -> list[str]:
+    """Each name in its colon spelling and in the underscore spelling an OpenMetrics scrape stores."""
+    out: list[str] = []
+    for name in colon_names:
+        out += [name, name.replace(":", "_", 1)]
+    return out
 
 
 def colon_spelling(series: str) -> str:

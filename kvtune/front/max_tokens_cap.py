@@ -13,14 +13,9 @@ SGLang (vLLM has no server-side ceiling since vLLM #34063), so both call this on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-CapMode = Literal["clamp", "reject"]
-CAP_MODES: tuple[CapMode, ...] = ("clamp", "reject")
-# The response header a front sets whenever the cap changed a request's max_tokens.
-CAP_HEADER = "X-Kvtune-Max-Tokens"
-# The label values of `kvtune:capped_requests_total{mode}`: the two modes, and the cap used as a default.
-CAPPED_LABELS = ("clamp", "reject", "default")
+from kvtune.contract.admin import CAP_MODES, CapMode
+from kvtune.contract.metrics import CAPPED_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -28,7 +23,8 @@ class CapDecision:
     """What to run with. `max_tokens` None: leave the request's own (absent) value alone."""
 
     max_tokens: int | None
-    # The label this request is counted under in kvtune:capped_requests_total, or None if the cap did nothing.
+    # The label this request is counted under in kvtune:capped_requests_total (`CAPPED_LABELS`), or None if
+    # the cap did nothing.
     counted_as: str | None = None
     # The 400 message when the cap rejects the request.
     error: str | None = None
@@ -43,7 +39,7 @@ def apply_max_tokens_cap(requested: int | None, cap: int | None, mode: CapMode) 
     if cap is None:
         return CapDecision(requested)
     if requested is None:
-        return CapDecision(cap, "default", header=f"defaulted to {cap}")
+        return CapDecision(cap, CAPPED_DEFAULT, header=f"defaulted to {cap}")
     if requested <= cap:
         return CapDecision(requested)
     if mode == "reject":
