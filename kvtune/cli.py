@@ -29,7 +29,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "kvtune.proxy.command",
         "OpenAI-compatible proxy in front of vLLM/SGLang: max_tokens cap, prefix watch",
     ),
-    "doctor": ("kvtune.operator.doctor", "one-shot KV-cache diagnosis and the remedies in ladder order"),
+    "doctor": (
+        "kvtune.operator.doctor.command",
+        "one-shot KV-cache diagnosis and the remedies in ladder order",
+    ),
     "operator": (
         "kvtune.operator.command",
         "the tuning operator (--local: against one engine, no Kubernetes)",

@@ -43,11 +43,11 @@ from kvtune.bench.vllm_cpu import (
     start_server,
 )
 from kvtune.errors import KvtuneError
-from kvtune.operator.doctor import SINCE_BOOT, collect, examine, report
-from kvtune.operator.engine_view import EngineView
-from kvtune.operator.ladder import plan
-from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.ladder import plan
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.doctor.command import SINCE_BOOT, collect, examine, report
+from kvtune.operator.io.sources import MetricsEndpoint
 
 ORIGINAL = "original"
 RECOMMENDED = "recommended"

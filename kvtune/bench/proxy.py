@@ -47,7 +47,7 @@ from kvtune.bench.local_http import free_port
 from kvtune.bench.scrape import metric_totals
 from kvtune.contract.prefix_report import REPORT_PATH
 from kvtune.errors import KvtuneError
-from kvtune.operator.prefix_report import entry_line
+from kvtune.operator.io.prefix_report import entry_line
 
 SECTION = "proxy-vs-direct"
 DIRECT, PROXY, RELAY = "direct", "proxy", "tcp relay"

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from kvtune.contract import metrics as m
 from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.demo.timeline import Action, Point
-from kvtune.operator.local import Tick
-from kvtune.operator.sample import NoData, Sample, SampleResult
-from kvtune.operator.sources import MetricSource
+from kvtune.operator.decide.loop import Tick
+from kvtune.operator.decide.sample import NoData, Sample, SampleResult
+from kvtune.operator.io.sources import MetricSource
 
 RUNG_OF_KNOB = {KNOB_MAX_TOKENS_CAP: "cap_max_tokens", KNOB_MAX_NUM_SEQS: "lower_max_num_seqs"}
 

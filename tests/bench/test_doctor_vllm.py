@@ -29,7 +29,7 @@ from kvtune.bench.doctor_vllm import (
 )
 from kvtune.bench.load import BatchSpec
 from kvtune.cli import build_parser, main
-from kvtune.operator.engine_view import EngineView
+from kvtune.operator.decide.engine_view import EngineView
 from tests.operator.helpers import serve_bodies, vllm_asking_long
 
 

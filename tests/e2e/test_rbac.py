@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator.k8s_actuator import read_flag
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.e2e.cluster import CHART, Cluster, Operator, kwok_node, wait_for, wait_until_peered
 from tests.e2e.workloads import endpoint_slice, service
 from tests.operator.test_pods_kmock import PodEngine, free_port

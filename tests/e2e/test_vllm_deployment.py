@@ -25,9 +25,9 @@ import yaml
 from kubernetes import client, config
 
 from kvtune.bench.engine_process import EngineProcess
-from kvtune.operator.k8s_actuator import CHANGE_CAUSE, WorkloadArgsActuator, read_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.workload_watch import REVERTS_TOLERATED
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.workload_actuator import CHANGE_CAUSE, WorkloadArgsActuator, read_flag
+from kvtune.operator.k8s.workload_watch import REVERTS_TOLERATED
 from tests.e2e.cluster import Cluster, Operator, cordon, kwok_node, wait_for
 from tests.e2e.workloads import (
     VLLM_ARGS,

@@ -25,12 +25,12 @@ from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_
 from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.contract.metrics import PREEMPTIONS
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.continuity import ALTERNATING_HINT
-from kvtune.operator.local import Tick, hold_seconds, run_loop
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.operator.decide.continuity import ALTERNATING_HINT
+from kvtune.operator.decide.loop import Tick, hold_seconds, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 
 TOKEN = "alternating-token"
 INTERVAL = 0.5

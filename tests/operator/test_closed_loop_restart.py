@@ -21,10 +21,10 @@ from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_
 from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 from tests.operator.test_closed_loop import read
 
 TOKEN = "closed-loop-restart-token"

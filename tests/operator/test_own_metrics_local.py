@@ -21,14 +21,14 @@ from kvtune.bench.engine_process import EngineProcess, kvtune_command, start_eng
 from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.local_http import free_port
 from kvtune.cli import main
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.local import step, window_length
-from kvtune.operator.local_metrics import LocalRecorder, local_policy_name
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import MetricsEndpoint
-from kvtune.operator.tuner import TunerState
+from kvtune.operator.decide.loop import step, window_length
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.local_metrics import LocalRecorder, local_policy_name
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.io.sources import MetricsEndpoint
 from tests.operator.helpers import (
     OPERATOR_SERIES,
     Series,
