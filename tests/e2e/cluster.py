@@ -10,12 +10,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -23,11 +27,18 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, config
+
+from tests.chart.monitoring_crds import monitoring_crds
+from tests.chart.readme_blocks import readme_block
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvtune"
 WAIT_S = 90.0  # catches a hang; every wait ends as soon as its event happens
+# The registry a reader of the README pushed the operator's image to. Nothing pulls it: kwok "runs" pods
+# without containers, and the tests run the operator as a process on this machine.
+REGISTRY = "registry.example.com/platform"
+BLOCK_TIMEOUT_S = 300.0  # a README block that takes longer hangs (each normally ends in seconds)
 T = TypeVar("T")
 
 
@@ -65,6 +76,43 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S, 
     raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r:.500})")
 
 
+def accepts(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def control_plane(folder: Path) -> Iterator[Cluster]:
+    """scripts/local_cluster.py `up` in `folder`, and `down` after, which must leave no process of the
+    control plane and no port it listened on."""
+    lc = local_cluster()
+    bins = lc.kbins_dir()
+    missing = lc.missing_binaries(bins)
+    if missing:
+        pytest.fail(
+            f"the local control plane's binaries are missing from {bins} ({', '.join(missing)}): run `make "
+            "k8s-tools` (python scripts/local_cluster.py build; ~25 min once, from the Go module proxy), which "
+            "`make test` does",
+            pytrace=False,
+        )
+    began = time.monotonic()
+    started = lc.up(folder, bins)
+    print(f"control plane up in {time.monotonic() - began:.1f} s at {started.server}")
+    api = config.new_client_from_config(config_file=str(started.kubeconfig))
+    state = (folder / lc.STATE_FILE).read_text()
+    ports = sorted({int(port) for port in re.findall(r"127\.0\.0\.1:(\d+)", state)})
+    try:
+        yield Cluster(folder, started.kubeconfig, started.server, api)
+    finally:
+        api.close()
+        lc.down(folder)
+    left = [name for name, pid in started.pids.items() if lc.alive(pid, name)]
+    assert not left, f"`down` left {left} running"
+    listening = [port for port in ports if accepts(port)]
+    assert not listening, f"`down` left ports {listening} open"
+
+
 @dataclass
 class Cluster:
     """The running control plane, as its admin."""
@@ -85,6 +133,24 @@ class Cluster:
             raise AssertionError(
                 f"`{name} {' '.join(args)}` failed ({done.returncode}): {done.stderr.strip()}"
             )
+        return done
+
+    def readme(self, block: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        """The README's shell block marked `<!-- e2e:BLOCK -->`, as written, in bash from the repository's
+        root, with REGISTRY set and helm and kubectl on PATH, as a reader would paste it (-e: the first
+        failing command fails it). It must end within `timeout` (a hang fails)."""
+        script = readme_block(block)
+        tools = os.pathsep.join(dict.fromkeys(str(Path(tool(name)).parent) for name in ("helm", "kubectl")))
+        env = {**self.env(), "REGISTRY": REGISTRY, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
+        try:
+            done = subprocess.run(["bash", "-e", "-u", "-o", "pipefail", "-c", script], capture_output=True,
+                                  text=True, timeout=timeout, env=env, cwd=REPO)  # fmt: skip
+        except subprocess.TimeoutExpired as hung:
+            raise AssertionError(f"the README's {block} block did not end within {timeout:.0f} s:\n{script}\n"
+                                 f"{hung.stdout!r:.2000}\n{hung.stderr!r:.2000}") from None  # fmt: skip
+        assert done.returncode == 0, (
+            f"the README's {block} block failed ({done.returncode}):\n{script}\n{done.stdout}\n{done.stderr}"
+        )
         return done
 
     def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -141,6 +207,31 @@ class Cluster:
         wait_for(f"{count} evaluations of {namespace}/{name}", more)
 
 
+def serve_monitoring_crds(cluster: Cluster) -> list[dict[str, Any]]:
+    """The Prometheus Operator's own CRDs (ServiceMonitor, PodMonitor, PrometheusRule), created and
+    established, and monitoring.coreos.com/v1 in discovery (so helm renders the chart's monitoring objects).
+    Server-side apply: the CRDs are too large for client-side apply's last-applied annotation."""
+    crds = monitoring_crds()
+    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(crds))
+    for crd in crds:
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
+        )
+    wait_for("monitoring.coreos.com/v1 in discovery",
+             lambda: "monitoring.coreos.com/v1" in cluster.kubectl("api-versions").stdout)  # fmt: skip
+    return crds
+
+
+def readme_release() -> dict[str, str]:
+    """What the README's install block installs: the release's name and namespace and the namespace it
+    watches, read from its `helm install` (a change to the block changes what the tests expect)."""
+    joined = readme_block("install").replace("\\\n", " ")
+    (line,) = [line for line in joined.splitlines() if line.strip().startswith("helm install")]
+    words = shlex.split(line)
+    (watch,) = yaml.safe_load(next(w.split("=", 1)[1] for w in words if w.startswith("watchNamespaces=")))
+    return {"name": words[2], "namespace": words[words.index("--namespace") + 1], "watch": watch}
+
+
 def kwok_node(cluster: Cluster, name: str, pool: str, pods: int | None = None) -> None:
     """A node kwok runs pods on, labelled `kvtune-e2e/pool=POOL` (a workload's nodeSelector picks it)."""
     node = local_cluster().kwok_node(name, pods)
@@ -167,9 +258,14 @@ class Operator:
     process: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
+    wrapper: list[str] = field(default_factory=list)  # a command it runs under (e.g. in a mount namespace)
+
+    @property
+    def peering(self) -> str:
+        return self.args[self.args.index("--peering") + 1]
 
     def start(self) -> Operator:
-        command = [sys.executable, "-m", "kvtune.cli", "operator", *self.args,
+        command = [*self.wrapper, sys.executable, "-m", "kvtune.cli", "operator", *self.args,
                    "--metrics-port", str(self.metrics_port)]  # fmt: skip
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.extra_env}
         env.pop("KUBERNETES_SERVICE_HOST", None)
@@ -192,6 +288,26 @@ class Operator:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
+
+
+def chart_operator(cluster: Cluster, release: str, namespace: str, log: Path, **kwargs: Any) -> Operator:
+    """The operator a release's pod would run, as a process here: the args of the chart's Deployment (its
+    namespaces, peering and --max-mode, so the chart's maxMode holds) and a token of the chart's
+    ServiceAccount. The pod's ports are left out: its metrics port is `metrics_port` (0: none), and kopf's
+    health endpoint is for the kubelet's probes."""
+    deployment = cluster.get("deployment", release, namespace)
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == "operator"]
+    args, kept = [str(a) for a in container["args"]], []
+    assert args[0] == "operator", args
+    words = iter(args[1:])
+    for word in words:
+        if word in ("--metrics-port", "--liveness-port"):
+            next(words)
+        else:
+            kept.append(word)
+    kubeconfig = cluster.service_account_kubeconfig(spec["serviceAccountName"], namespace)
+    return Operator(kept, kubeconfig, log, **kwargs)
 
 
 def peers(cluster: Cluster, namespace: str, peering: str) -> dict[str, object]:

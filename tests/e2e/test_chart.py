@@ -1,6 +1,7 @@
 """The chart on a real API server: `helm install` as the README says; a release whose every object the API
 server accepts (CRDs, RBAC, the operator's Deployment, which rolls out, its Service, the peering object, the
-dashboards' ConfigMaps); the ServiceMonitor and PrometheusRule once the Prometheus Operator's group is
+dashboards' ConfigMaps); without an image repository, a refusal that names it and installs nothing; the
+ServiceMonitor and PrometheusRule once the Prometheus Operator's CRDs (its own, at the pinned release) are
 served; `helm upgrade` with changed values; `helm uninstall` keeping the CRDs, as documented.
 
 The tests of this module run in order on one release (install, then upgrades, then uninstall)."""
@@ -9,15 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import CHART, Cluster, wait_for
+from tests.chart.monitoring_crds import monitoring_crds as prometheus_operator_crds
+from tests.e2e.cluster import CHART, REGISTRY, Cluster, serve_monitoring_crds
 
 NAMESPACE = "chart-e2e"
 RELEASE = "kvtune-chart"  # the chart's objects are named after it
-MONITORING_CRDS = Path(__file__).parent / "fixtures" / "monitoring-crds.yaml"
+IMAGE = ("--set", f"image.repository={REGISTRY}/kvtune-operator")
 KVTUNE_CRDS = ("kvtuningpolicies.kvtune.dev", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 
 
@@ -35,7 +36,8 @@ def rolled_out(cluster: Cluster, deployment: str, namespace: str = NAMESPACE) ->
 def monitoring_crds(cluster: Cluster) -> Iterator[None]:
     """The Prometheus Operator's group, served only by the tests that ask for it, and removed after."""
     yield
-    cluster.kubectl("delete", "-f", str(MONITORING_CRDS), "--ignore-not-found", "--wait=true")
+    for crd in prometheus_operator_crds():
+        cluster.kubectl("delete", "crd", crd["metadata"]["name"], "--ignore-not-found", "--wait=true")
 
 
 def test_the_readme_install_command_works(cluster: Cluster, release: dict[str, str]) -> None:
@@ -50,9 +52,20 @@ def test_the_readme_install_command_works(cluster: Cluster, release: dict[str, s
     assert cluster.kubectl("get", "kvtp", "-n", release["watch"]).returncode == 0
 
 
+def test_without_an_image_repository_the_install_is_refused_and_leaves_nothing(cluster: Cluster) -> None:
+    """Nothing publishes the image: the chart refuses to install without the reader's repository, rather
+    than leave a pod in ImagePullBackOff."""
+    refused = cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+                           check=False)  # fmt: skip
+    assert refused.returncode != 0
+    assert "image.repository is not set: build the image" in refused.stderr, refused.stderr
+    missing = cluster.helm("status", RELEASE, "-n", NAMESPACE, check=False)
+    assert missing.returncode != 0 and "not found" in missing.stderr, missing
+
+
 def test_install_without_the_monitoring_crds(cluster: Cluster, monitoring_crds: None) -> None:
     assert "monitoring.coreos.com" not in cluster.kubectl("api-versions").stdout
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace")
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace", *IMAGE)
     assert set(KVTUNE_CRDS) <= names(cluster, "crds", None)
     assert names(cluster, "serviceaccounts") >= {RELEASE}
     assert names(cluster, "roles") == {RELEASE} and names(cluster, "rolebindings") == {RELEASE}
@@ -66,13 +79,7 @@ def test_install_without_the_monitoring_crds(cluster: Cluster, monitoring_crds: 
 def test_with_the_monitoring_crds_the_service_monitor_and_rules_are_accepted(
     cluster: Cluster, monitoring_crds: None
 ) -> None:
-    cluster.kubectl("apply", "-f", str(MONITORING_CRDS))
-    for crd in ("servicemonitors", "podmonitors", "prometheusrules"):
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com", "--timeout=60s"
-        )
-    wait_for("monitoring.coreos.com/v1 in discovery",
-             lambda: "monitoring.coreos.com/v1" in cluster.kubectl("api-versions").stdout)  # fmt: skip
+    serve_monitoring_crds(cluster)
     cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values")
     assert names(cluster, "servicemonitors.monitoring.coreos.com") == {RELEASE}
     (rule,) = json.loads(cluster.kubectl("get", "prometheusrules.monitoring.coreos.com", "-n", NAMESPACE,

@@ -135,12 +135,12 @@ def test_a_good_policy_gets_its_defaults_and_the_printer_columns(
         and stored["intervalSeconds"] == 15
         and stored["target"]["kind"] == "Deployment"
     )
-    status = {"current": {"maxNumSeqs": 64}, "recommended": {"maxNumSeqs": 24}, "conditions": [
+    status = {"mode": "Recommend", "current": {"maxNumSeqs": 64}, "recommended": {"maxNumSeqs": 24}, "conditions": [
         {"type": "Preempting", "status": "True", "reason": "PreemptionsObserved", "message": "1.50 preemptions/s",
          "lastTransitionTime": "2026-12-02T00:00:00Z"}]}  # fmt: skip
     client.CustomObjectsApi(cluster.api).patch_namespaced_custom_object_status(
         "kvtune.dev", "v1alpha1", NAMESPACE, "kvtuningpolicies", "good", {"status": status}
     )
     header, row = cluster.kubectl("get", "kvtp", "good", "-n", NAMESPACE).stdout.splitlines()
-    assert header.split() == ["NAME", "MODE", "CURRENT", "RECOMMENDED", "PREEMPTING", "AGE"]
-    assert row.split()[:5] == ["good", "Recommend", "64", "24", "True"]
+    assert header.split() == ["NAME", "MODE", "RUNNING", "CURRENT", "RECOMMENDED", "PREEMPTING", "AGE"]
+    assert row.split()[:6] == ["good", "Recommend", "Recommend", "64", "24", "True"]

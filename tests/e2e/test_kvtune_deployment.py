@@ -37,9 +37,9 @@ def admin(engine: EngineProcess, method: str = "GET", body: dict[str, Any] | Non
 
 @pytest.fixture(scope="module")
 def world(
-    cluster: Cluster, release: dict[str, str], operator: Operator, engines: list[EngineProcess]
+    cluster: Cluster, acting_release: dict[str, str], operator: Operator, engines: list[EngineProcess]
 ) -> Iterator[dict[str, Any]]:
-    namespace = release["watch"]
+    namespace = acting_release["watch"]
     port = engine_port(engines)
     kwok_node(cluster, "kvtune-main", "kvtune")
     deployment = {
@@ -50,7 +50,7 @@ def world(
                 "name": "engine", "image": "ghcr.io/kvtune/kvtune-engine:0.1.0",
                 "args": ["serve", "--tiny", "--port", "8000", "--admin-token-file", "/var/run/kvtune/admin/token"]}]}}},
     }  # fmt: skip
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": release["secret"], "namespace": namespace},
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": acting_release["secret"], "namespace": namespace},
               "data": {"token": base64.b64encode(ADMIN_TOKEN.encode()).decode()}}  # fmt: skip
     pods = {f"{NAME}-pod-{i}": engine.url.split("//")[1].split(":")[0] for i, engine in enumerate(engines)}
     cluster.apply(
@@ -65,12 +65,12 @@ def world(
 
 
 def test_the_admin_api_is_fanned_out_to_every_pod(
-    cluster: Cluster, world: dict[str, Any], engines: list[EngineProcess], release: dict[str, str]
+    cluster: Cluster, world: dict[str, Any], engines: list[EngineProcess], acting_release: dict[str, str]
 ) -> None:
     namespace = world["namespace"]
     before = cluster.get("deployment", NAME, namespace)
     cluster.apply(pods_policy(NAME, namespace, NAME, NAME, world["port"], engine="kvtune",
-                              adminTokenSecretRef={"name": release["secret"]}))  # fmt: skip
+                              adminTokenSecretRef={"name": acting_release["secret"]}))  # fmt: skip
     (applied,) = wait_for("the operator to act", lambda: [
         e["message"] for e in cluster.events(namespace, NAME) if e["reason"] == "TuningApplied"])  # fmt: skip
     held = {admin(engine)["max_num_seqs"] for engine in engines}

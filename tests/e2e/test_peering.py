@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kvtune.bench.local_http import free_port
-from tests.e2e.cluster import Cluster, Operator, kwok_node, peers, wait_for, wait_until_peered
+from tests.e2e.cluster import Cluster, Operator, chart_operator, kwok_node, peers, wait_for, wait_until_peered
 from tests.e2e.test_rbac import install, policy, workload
 from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
 
@@ -57,10 +57,9 @@ def test_two_replicas_exactly_one_acts(cluster: Cluster, engine: str, tmp_path: 
     )
     deployment["spec"]["template"]["spec"]["nodeSelector"] = {"kvtune-e2e/pool": "peer"}
     cluster.apply(deployment)
-    kubeconfig = cluster.service_account_kubeconfig(RELEASE, f"{RELEASE}-system")
-    replicas = [
-        Operator(["--namespace", NAMESPACE, "--peering", RELEASE], kubeconfig, tmp_path / f"replica-{i}.log",
-                 metrics_port=free_port()).start()
+    replicas = [  # two of the release's pods, as processes
+        chart_operator(cluster, RELEASE, f"{RELEASE}-system", tmp_path / f"replica-{i}.log",
+                       metrics_port=free_port()).start()
         for i in range(2)
     ]  # fmt: skip
     try:

@@ -21,7 +21,17 @@ from typing import Any
 import pytest
 
 from kvtune.operator.k8s.workload_actuator import read_flag
-from tests.e2e.cluster import CHART, Cluster, Operator, kwok_node, wait_for, wait_until_peered
+from tests.e2e.cluster import (
+    CHART,
+    REGISTRY,
+    Cluster,
+    Operator,
+    chart_operator,
+    kwok_node,
+    wait_for,
+    wait_until_peered,
+)
+from tests.e2e.pod_network import PodNetwork
 from tests.e2e.workloads import endpoint_slice, service
 from tests.operator.test_pods_kmock import PodEngine, free_port
 from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, STS_MAX_NUM_SEQS, VllmHandler, vllm_policy
@@ -29,7 +39,7 @@ from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, STS_MAX_NUM_SEQS, Vll
 NAMESPACE = "rbac"
 RELEASE = "kvtune-rbac"
 SECRET = "pods-token"
-POD_ADDRESSES = ("10.244.255.5", "10.244.255.6")  # in the pod subnet routed to loopback
+POD_INDEXES = (5, 6)  # the pods' addresses in the run's pod network (the shared engines have 2 to 4)
 
 
 @pytest.fixture
@@ -55,18 +65,19 @@ def vllm_engines() -> Iterator[Any]:
 def install(
     cluster: Cluster, release: str, namespace: str, chart: Path = CHART, secrets: tuple[str, ...] = ()
 ) -> None:
+    """A release allowed to act (maxMode=Apply, as the README's "Letting it act" says), watching
+    `namespace`, with the README's image repository."""
     cluster.namespace(namespace)
     cluster.helm("install", release, str(chart), "--namespace", f"{release}-system", "--create-namespace",
+                 "--set", f"image.repository={REGISTRY}/kvtune-operator", "--set", "maxMode=Apply",
                  "--set-json", f"watchNamespaces={json.dumps([namespace])}",
                  "--set-json", f"adminTokenSecrets={json.dumps(list(secrets))}")  # fmt: skip
 
 
 def start_operator(cluster: Cluster, release: str, namespace: str, folder: Path) -> Operator:
-    kubeconfig = cluster.service_account_kubeconfig(release, f"{release}-system")
-    running = Operator(
-        ["--namespace", namespace, "--peering", release], kubeconfig, folder / "operator.log"
-    ).start()
-    wait_until_peered(cluster, running, namespace, release)
+    """The release's pod's operator, as a process with its ServiceAccount's token."""
+    running = chart_operator(cluster, release, f"{release}-system", folder / "operator.log").start()
+    wait_until_peered(cluster, running, namespace, running.peering)
     return running
 
 
@@ -104,21 +115,22 @@ def args_of(cluster: Cluster, kind: str, name: str, namespace: str) -> list[str]
 
 
 def test_every_path_of_the_rbac_proof_works_against_the_real_authorizer(
-    cluster: Cluster, vllm_engines: Any, pod_addresses: str, tmp_path: Path
+    cluster: Cluster, vllm_engines: Any, pods: PodNetwork, tmp_path: Path
 ) -> None:
     install(cluster, RELEASE, NAMESPACE, secrets=(SECRET,))
     kwok_node(cluster, "rbac-main", "rbac")
-    # a kvtune engine of two pods behind a Service: its EndpointSlice, the admin-token Secret, each pod's admin API
-    port = free_port(list(POD_ADDRESSES))
-    pods = {
-        f"llama-{i}": PodEngine(address, port, [46, 95 + 50 * i]) for i, address in enumerate(POD_ADDRESSES)
-    }
+    # a kvtune engine of two pods behind a Service: its EndpointSlice, the admin-token Secret, each pod's admin
+    # API (each a server in the pods' network namespace)
+    pod_addresses = [pods.address(index) for index in POD_INDEXES]
+    port = pods.run(free_port, pod_addresses)
+    engines = {f"llama-{i}": pods.run(PodEngine, address, port, [46, 95 + 50 * i])
+               for i, address in enumerate(pod_addresses)}  # fmt: skip
     token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE},
              "data": {"token": base64.b64encode(b"pods-admin").decode()}}  # fmt: skip
     kvtune_spec = {"target": {"name": "llama", "engine": "kvtune", "adminTokenSecretRef": {"name": SECRET},
                               "podEndpoints": {"service": "llama", "metricsPort": port}},
                    "mode": "Apply", "intervalSeconds": 1, "evaluationWindowSeconds": 600, "cooldownSeconds": 0}  # fmt: skip
-    addresses = {name: address for name, address in zip(pods, POD_ADDRESSES, strict=True)}
+    addresses = {name: address for name, address in zip(engines, pod_addresses, strict=True)}
     cluster.apply(token, service(NAMESPACE, "llama", port), endpoint_slice(NAMESPACE, "llama", port, addresses),
                   policy("pods", NAMESPACE, kvtune_spec))  # fmt: skip
     # vLLM 0.31 by its image tag (its /version answers 404): a Deployment's --max-num-seqs
@@ -136,8 +148,8 @@ def test_every_path_of_the_rbac_proof_works_against_the_real_authorizer(
             "every path to act",
             lambda: all(applied(cluster, NAMESPACE, name) for name in ("pods", "vllm", "sts")),
         )
-        wait_for("every pod's admin API patched", lambda: all(pod.patches for pod in pods.values()))
-        assert len({pod.patches[0]["max_num_seqs"] for pod in pods.values()}) == 1
+        wait_for("every pod's admin API patched", lambda: all(pod.patches for pod in engines.values()))
+        assert len({pod.patches[0]["max_num_seqs"] for pod in engines.values()}) == 1
         lowered = read_flag(args_of(cluster, "deployment", "llama-vllm", NAMESPACE), "--max-num-seqs")
         assert lowered is not None and lowered < 64
         assert (
@@ -166,7 +178,7 @@ def test_every_path_of_the_rbac_proof_works_against_the_real_authorizer(
         assert not warnings, warnings
     finally:
         running.stop()
-        for pod in pods.values():
+        for pod in engines.values():
             pod.shutdown()
             pod.server_close()
 

@@ -1,5 +1,5 @@
-"""A vLLM Deployment of 3 replicas tuned for real. Its Service's EndpointSlices point at 3 real engines on
-loopback under a load that preempts; the operator (a process, as the chart's ServiceAccount) pools the
+"""A vLLM Deployment of 3 replicas tuned for real. Its Service's EndpointSlices point at 3 real engines in
+the run's pod network under a load that preempts; the operator (a process, as the chart's ServiceAccount) pools the
 pods and patches the admission flag once:
 - the other container, the other args and every field the API server defaulted are unchanged;
 - kube-controller-manager rolls out a new ReplicaSet, and the patch is the audit trail: field manager
@@ -50,10 +50,10 @@ GITOPS_MANAGER = "argocd-controller"
 
 @pytest.fixture(scope="module")
 def world(
-    cluster: Cluster, release: dict[str, str], operator: Operator, engines: list[EngineProcess]
+    cluster: Cluster, acting_release: dict[str, str], operator: Operator, engines: list[EngineProcess]
 ) -> Iterator[dict[str, Any]]:
     """The watched namespace with the engines' Service and EndpointSlice, under a preempting load."""
-    namespace = release["watch"]
+    namespace = acting_release["watch"]
     port = engine_port(engines)
     pods = {f"{NAME}-pod-{i}": engine.url.split("//")[1].split(":")[0] for i, engine in enumerate(engines)}
     cluster.apply(service(namespace, SERVICE, port), endpoint_slice(namespace, SERVICE, port, pods))
@@ -179,6 +179,9 @@ def test_a_concurrent_write_makes_a_real_conflict_that_is_retried(
     namespace, name = world["namespace"], "llama-conflict"
     kwok_node(cluster, "conflict-main", "conflict")
     cluster.apply(vllm_deployment(name, namespace, "conflict", replicas=1))
+    # the controllers' status writes done first: each changes the resourceVersion too, and a conflict with
+    # one of them would be a second conflict the test did not make
+    rolled_out(cluster, namespace, name)
     admin = client.AppsV1Api(cluster.api)
 
     class RacedApi(KubeApi):

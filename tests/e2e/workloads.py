@@ -1,6 +1,6 @@
 """Workloads and policies the e2e tests create: a vLLM-style Deployment (its pods run under kwok, which has
-no container runtime), the Service and EndpointSlices that point the operator at real engines on loopback,
-and a preempting load on those engines."""
+no container runtime), the Service and EndpointSlices that point the operator at real engines in the run's
+pod network, and a preempting load on those engines."""
 
 from __future__ import annotations
 
