@@ -8,19 +8,14 @@ upstream's). A patch leaves absent fields as they are, and `"max_tokens_cap": nu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from kvtune.contract.knobs import CAP_MODES, CapMode
+
 ADMIN_CONFIG_PATH = "/admin/config"
 
-# The knobs, by the names the admin JSON, the operator's actuators and its status use.
-KNOB_MAX_NUM_SEQS = "max_num_seqs"
-KNOB_MAX_TOKENS_CAP = "max_tokens_cap"
-KNOB_KV_CACHE_DTYPE = "kv_cache_dtype"  # a restart flag, never an admin field: the operator recommends it
 
-CapMode = Literal["clamp", "reject"]
-CAP_MODES: tuple[CapMode, ...] = ("clamp", "reject")
 # The response header a front sets whenever the cap changed a request's max_tokens.
 CAP_HEADER = "X-Kvtune-Max-Tokens"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from kvtune.contract.admin import CAP_MODES
+from kvtune.contract.knobs import CAP_MODES
 
 
 class Kind(Enum):

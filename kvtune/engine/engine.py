@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from kvtune.contract.admin import CAP_MODES, CapMode, CapSetting
+from kvtune.contract.admin import CapSetting
+from kvtune.contract.knobs import CAP_MODES, CapMode
 from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
 from kvtune.core.accounting import tokens_held
 from kvtune.core.prefix_defeats import PrefixDefeatDetector

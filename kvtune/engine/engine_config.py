@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.contract.admin import CAP_MODES, CapMode
+from kvtune.contract.knobs import CAP_MODES, CapMode
 from kvtune.core.allocators import POLICIES
 from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
 from kvtune.engine.config import MODEL_DTYPES

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.contract.admin import CAP_HEADER, CapMode
+from kvtune.contract.admin import CAP_HEADER
+from kvtune.contract.knobs import CapMode
 from kvtune.front.max_tokens_cap import apply_max_tokens_cap
 
 

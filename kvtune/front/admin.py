@@ -19,7 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from kvtune.contract.admin import ADMIN_CONFIG_PATH, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.admin import ADMIN_CONFIG_PATH
+from kvtune.contract.knobs import KNOB_MAX_TOKENS_CAP
 from kvtune.front.body import RequestBodyError
 from kvtune.front.errors import ApiError, error_body
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from kvtune.contract.admin import CAP_MODES
+from kvtune.contract.knobs import CAP_MODES
 from kvtune.errors import KvtuneError
 from kvtune.front.connections import (
     DEFAULT_HEADER_TIMEOUT_S,

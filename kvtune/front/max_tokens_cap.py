@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtune.contract.admin import CAP_MODES, CapMode
+from kvtune.contract.knobs import CAP_MODES, CapMode
 from kvtune.contract.metrics import CAPPED_DEFAULT
 
 

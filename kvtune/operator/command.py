@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.errors import KvtuneError
 from kvtune.operator.decide.diagnosis import Diagnosis, corrupt_text, known
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
-from kvtune.operator.io.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
+from kvtune.operator.decide.ports import Actuator, MetricSource
+from kvtune.operator.io.actuators import PROXY_KNOBS, ComposedActuator, KvtuneAdminActuator
 from kvtune.operator.io.own_metrics import DEFAULT_PORT, OperatorMetrics
-from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, MetricSource, url_problem
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, url_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

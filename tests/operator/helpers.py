@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.contract import metrics as m
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.sample import Histogram, Sample, SampleResult
 from kvtune.operator.io.sources import parse_exposition

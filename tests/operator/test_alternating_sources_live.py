@@ -23,7 +23,7 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.contract.metrics import PREEMPTIONS
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.loop import Tick, hold_seconds, run_loop

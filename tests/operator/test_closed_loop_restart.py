@@ -19,7 +19,7 @@ import pytest
 
 from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy

@@ -8,15 +8,15 @@ from collections import deque
 from dataclasses import replace
 
 from kvtune.contract import metrics as m
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.diagnosis import Diagnosis
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.loop import Tick, step
 from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import ActuatorResult
 from kvtune.operator.decide.restart import drifted, engine_restarted
 from kvtune.operator.decide.sample import Sample, SampleResult
 from kvtune.operator.decide.tuner import Figures, Pending, TunerState, _evaluate
-from kvtune.operator.io.actuators import ActuatorResult
 from kvtune.operator.io.sources import parse_exposition
 from kvtune.operator.k8s.crd import DesiredValues, KVTuningPolicyStatus, state_from_status, state_to_status
 from tests.operator.helpers import synthetic

@@ -23,8 +23,9 @@ import kopf
 import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.decide.status import CONDITION_TYPES
 from kvtune.operator.k8s import kube_api
-from kvtune.operator.k8s.crd import CONDITION_TYPES, KVTuningPolicySpec
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import METADATA_ONLY, USER_AGENT, KubeApi
 from kvtune.operator.k8s.reconcile import PolicyMemory, run_once

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvtune.contract import metrics as m
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv

@@ -15,9 +15,10 @@ from kvtune.contract import metrics as m
 from kvtune.operator.decide.loop import reapply_desired
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.pooling import PoolState, pool
+from kvtune.operator.decide.ports import ActuatorResult
 from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.tuner import TunerState
-from kvtune.operator.io.actuators import ActuatorResult, ComposedActuator, FanOutActuator
+from kvtune.operator.io.actuators import ComposedActuator, FanOutActuator
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.pods import Pod, PodEndpointsSource

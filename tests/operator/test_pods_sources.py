@@ -13,8 +13,9 @@ import pytest
 
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.pooling import PoolState
+from kvtune.operator.decide.ports import ActuatorResult
 from kvtune.operator.decide.sample import NoData, Sample
-from kvtune.operator.io.actuators import ActuatorResult, FanOutActuator
+from kvtune.operator.io.actuators import FanOutActuator
 from kvtune.operator.io.sources import PrometheusSource
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.pods import Pod, PooledSource, pod_url, ready_pods

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtune.contract import metrics as m
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.diagnosis import Diagnosis
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import probe_max_num_seqs

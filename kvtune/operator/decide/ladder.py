@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.diagnosis import Diagnosis
 from kvtune.operator.decide.engine_view import EngineView
@@ -341,20 +341,26 @@ def _pressure(d: Diagnosis, engine: EngineView, binds: bool) -> str:
     )
 
 
-def plan(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> list[Advice]:
-    """Every rung, in ladder order, as `kvtune doctor` shows them; none applies to samples from an
-    alternating source (their rates are flips between processes)."""
-    rungs = [
+def rungs(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> tuple[Advice, ...]:
+    """Every rung's advice, in ladder order, for this diagnosis of this engine (a lowering sized without
+    the tuner's memory of an unsafe value)."""
+    return (
         cap_max_tokens(d, engine, policy),
         lower_max_num_seqs(d, engine, policy, feedback=False),
         flag_prefix_defeat(d, engine, policy),
         recommend_fp8_kv(d, engine, policy),
-    ]
+    )
+
+
+def plan(d: Diagnosis, engine: EngineView, policy: TuningPolicy) -> list[Advice]:
+    """Every rung, in ladder order, as `kvtune doctor` shows them; none applies to samples from an
+    alternating source (their rates are flips between processes)."""
+    every = list(rungs(d, engine, policy))
     alternating = next((f for f in d.findings if f.code == "AlternatingSource"), None)
     if alternating is None:
-        return rungs
+        return every
     why = f"not sized: {ALTERNATING_HINT} ({alternating.evidence})"
-    return [replace(advice, applicable=False, recommended=advice.current, evidence=why) for advice in rungs]
+    return [replace(advice, applicable=False, recommended=advice.current, evidence=why) for advice in every]
 
 
 def _ratio(value: float | None) -> str:

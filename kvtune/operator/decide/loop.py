@@ -1,6 +1,7 @@
-"""The operator loop against one engine, without Kubernetes: sample, decide, act, log, every interval.
+"""The loop both modes run (`kvtune operator --local` against one engine, and `k8s.reconcile` for each
+KVTuningPolicy): sample, decide, act, log, every interval. It sees the world only through `ports`.
 
-The same pure `decide` the in-cluster operator runs. An actuator failure is logged and the tuner's state
+The pure `decide` is called here. An actuator failure is logged and the tuner's state
 is left as it was, so the change is simply tried again when still called for. The operator owns the values
 it set (`TunerState.desired`): when the engine restarts (`continuity.judge`) the samples of the old
 process are dropped, and whenever the engine does not hold a desired value (a restart, an operator that
@@ -24,13 +25,13 @@ from dataclasses import dataclass, field, replace
 from kvtune.operator.decide.continuity import ALTERNATING, ALTERNATING_HINT, RESTART, Continuity, judge
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
+from kvtune.operator.decide.ladder import rungs
 from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import Actuator, ActuatorResult, MetricSource
 from kvtune.operator.decide.restart import drifted, pool_changed
 from kvtune.operator.decide.sample import NoData, Sample
 from kvtune.operator.decide.tuner import Change, Decision, TunerState, Value, decide
 from kvtune.operator.decide.window import Window
-from kvtune.operator.io.actuators import Actuator, ActuatorResult
-from kvtune.operator.io.sources import MetricSource
 
 logger = logging.getLogger("kvtune.operator")
 
@@ -200,6 +201,7 @@ def step(
     since = window.samples[0].timestamp if window.samples else now
     shown = samples[-1] if samples else result
     after = live_view(shown, actuator.knobs, after_calls(current, (outcome for _, outcome in applied)))
+    decision = replace(decision, rungs=rungs(decision.diagnosis, after, policy))
     return Tick(now, decision, tuple(applied), state=new_state, restart=restart, reapplied=reapplied,
                 evidence_since=since, engine=after, alternation=alternation, holding=holding)  # fmt: skip
 

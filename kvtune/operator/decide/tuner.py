@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS
+from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS
 from kvtune.contract.metrics import PREEMPTIONS, RUNNING
 from kvtune.operator.decide.continuity import Continuity
 from kvtune.operator.decide.diagnosis import Diagnosis, diagnose
@@ -139,6 +139,12 @@ class Decision:
     changes: tuple[Change, ...] = ()  # to apply now (Apply mode, through an actuator)
     advice: tuple[Advice, ...] = ()  # recommendations and flags first raised now
     note: str = ""
+    # every rung's advice against the engine as the tick left it (`loop.step` fills it in): what the
+    # status's conditions say, so no caller runs the ladder again
+    rungs: tuple[Advice, ...] = ()
+
+    def rung(self, remedy: Remedy) -> Advice | None:
+        return next((advice for advice in self.rungs if advice.remedy is remedy), None)
 
 
 def _mark_unsafe(state: TunerState, value: Value, now: float) -> TunerState:

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
+from kvtune.operator.decide.ports import Actuator
 from kvtune.operator.decide.tuner import Figures, HistoryEntry, TunerState, Value
-from kvtune.operator.io.actuators import Actuator
 
 REMEDY_OF = {
     KNOB_MAX_TOKENS_CAP: Remedy.CAP_MAX_TOKENS,

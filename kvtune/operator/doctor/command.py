@@ -24,6 +24,7 @@ from kvtune.operator.decide.diagnosis import Diagnosis, Finding, diagnose, no_da
 from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.decide.ladder import Advice, plan
 from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.ports import MetricSource
 from kvtune.operator.decide.sample import NoData, Sample
 from kvtune.operator.decide.window import Window, since_boot
 from kvtune.operator.doctor.admission import admission_advice
@@ -31,7 +32,6 @@ from kvtune.operator.io.prefix_report import defeat_entries, entry_line, fetch_r
 from kvtune.operator.io.sources import (
     EngineWithProxy,
     MetricsEndpoint,
-    MetricSource,
     PrometheusSource,
     url_problem,
 )

@@ -1,39 +1,18 @@
-"""Actuators change an engine's knobs. `Actuator` is the protocol every one implements (the admin API of a
-kvtune engine or a kvtune proxy here; a Kubernetes Deployment patch for vLLM elsewhere; a composition of
-them for a vLLM or SGLang target behind a proxy); a failure is returned as a result, never raised, so the
-operator records it as a finding and keeps running."""
+"""Actuators over HTTP: a kvtune engine's or proxy's admin API, every pod's as one, and a composition of
+actuators (a vLLM or SGLang target behind a proxy). They implement `decide.ports.Actuator` (a Deployment's
+args are `k8s.workload_actuator`'s); a failure is returned as a result, never raised, so the operator
+records it as a finding and keeps running."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Protocol
 
 import httpx
 
-from kvtune.contract.admin import ADMIN_CONFIG_PATH, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-
-KnobValues = dict[str, int | None]
-
-
-@dataclass(frozen=True)
-class ActuatorResult:
-    ok: bool
-    values: KnobValues  # the knobs as the engine reports them after the call (empty on failure)
-    error: str | None = None
-    split: frozenset[str] = frozenset()  # knobs the parts (pods) hold different values of: None in values
-
-
-class Actuator(Protocol):
-    knobs: frozenset[str]  # which knobs this actuator can change
-
-    def current(self) -> ActuatorResult: ...
-
-    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
-        """Set `knob`; `cause` (why, with the evidence) goes where the target keeps an audit trail."""
-        ...
-
+from kvtune.contract.admin import ADMIN_CONFIG_PATH
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.ports import Actuator, ActuatorInfo, ActuatorResult, KnobReadings, combined
 
 ENGINE_KNOBS = frozenset({KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP})
 PROXY_KNOBS = frozenset({KNOB_MAX_TOKENS_CAP})  # a kvtune proxy caps max_tokens; max_num_seqs is the engine's
@@ -69,7 +48,7 @@ class KvtuneAdminActuator:
             )
         try:
             data = response.json()
-            values: KnobValues = {knob: data[knob] for knob in self.knobs}
+            values: KnobReadings = {knob: data[knob] for knob in self.knobs}
         except (ValueError, KeyError, TypeError) as err:
             return ActuatorResult(False, {}, f"{self.name} answered unexpectedly: {err}")
         return ActuatorResult(True, values)
@@ -81,6 +60,9 @@ class KvtuneAdminActuator:
         if knob not in self.knobs:
             return ActuatorResult(False, {}, f"the {self.name} cannot change {knob} at run time")
         return self._call("PATCH", {knob: value})
+
+    def describe(self) -> ActuatorInfo:
+        return ActuatorInfo()
 
 
 class ComposedActuator:
@@ -97,7 +79,7 @@ class ComposedActuator:
         return next((part for part in self.parts if knob in part.knobs), None)
 
     def current(self) -> ActuatorResult:
-        values: KnobValues = {}
+        values: KnobReadings = {}
         split: set[str] = set()
         errors: list[str] = []
         answered = False
@@ -117,6 +99,9 @@ class ComposedActuator:
             return ActuatorResult(False, {}, f"no actuator here changes {knob}")
         return part.apply(knob, value, cause)
 
+    def describe(self) -> ActuatorInfo:
+        return combined([part.describe() for part in self.parts])
+
 
 MAX_PARALLEL_CALLS = 16
 
@@ -125,12 +110,12 @@ class FanOutActuator:
     """One actuator per pod of a workload as one: `apply` goes to every pod and is ok only when every pod
     is (the error names the pods that failed); `current` reports a knob's value only when every pod that
     answered agrees. A knob they disagree on (a new or replaced pod still at its flags) is None and listed
-    in `split`, so the desired-state re-apply (`local.reapply_desired`) puts it back on every pod."""
+    in `split`, so the desired-state re-apply (`loop.reapply_desired`) puts it back on every pod."""
 
     def __init__(self, parts: Mapping[str, Actuator], knobs: frozenset[str]) -> None:
         self.parts = dict(parts)
         self.knobs = knobs
-        self.held: dict[str, KnobValues] = {}  # what each pod last said it holds
+        self.held: dict[str, KnobReadings] = {}  # what each pod last said it holds
 
     def _each(self, call: Callable[[Actuator], ActuatorResult]) -> dict[str, ActuatorResult]:
         if not self.parts:
@@ -145,7 +130,7 @@ class FanOutActuator:
         self.held.update({pod: dict(result.values) for pod, result in answered.items()})
         failed = sorted(pod for pod in results if pod not in answered)
         error = "; ".join(f"pod {pod}: {results[pod].error}" for pod in failed) or None
-        values: KnobValues = {}
+        values: KnobReadings = {}
         split: set[str] = set()
         for knob in self.knobs:
             held = {result.values.get(knob) for result in answered.values() if knob in result.values}
@@ -163,3 +148,6 @@ class FanOutActuator:
 
     def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         return self._combined(self._each(lambda part: part.apply(knob, value, cause)), everyone=True)
+
+    def describe(self) -> ActuatorInfo:
+        return ActuatorInfo(held_by_pod={pod: dict(values) for pod, values in self.held.items()})

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.metrics_core import Metric
 
 from kvtune import __version__
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.ladder import LADDER
 from kvtune.operator.decide.loop import Tick
+from kvtune.operator.decide.status import CONDITION_TYPES
 from kvtune.operator.decide.tuner import TunerState
-from kvtune.operator.k8s.crd import CONDITION_TYPES
 
 DEFAULT_PORT = 9100
 KNOBS = (KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP)

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,10 +30,6 @@ Clock = Callable[[], float]
 PROXY = "proxy"  # the proxy's part of an EngineWithProxy sample's identity
 PROXY_START_SERIES = "process_start_time_seconds"
 MAX_RANGE_POINTS = 240  # a range query's points per series: enough for rates, small enough to answer fast
-
-
-class MetricSource(Protocol):
-    def read(self) -> SampleResult: ...
 
 
 def exposition_series(text: str) -> list[Series]:
@@ -72,6 +68,8 @@ def url_problem(url: str) -> str | None:
 
 class MetricsEndpoint:
     """Scrape one engine's `/metrics` directly (the URL may be the server base or the full path)."""
+
+    proxy_problem: str | None = None  # no proxy here
 
     def __init__(self, url: str, timeout: float = 5.0, clock: Clock = time.time) -> None:
         base = url.rstrip("/")
@@ -152,6 +150,8 @@ class PrometheusSource:
     """Queries against a Prometheus HTTP API for every engine series matching the label selector: one
     instant (`read`, every matching series summed or merged as one engine), one instant per pod
     (`read_pods`, by the `pod` label), or a range turned into one sample per step (`read_range`)."""
+
+    proxy_problem: str | None = None  # a proxy's series come through the same query: nothing apart to fail
 
     def __init__(self, url: str, selector: str, timeout: float = 10.0, clock: Clock = time.time) -> None:
         self.url = url.rstrip("/")

@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 from kvtune.operator.decide.admission_flag import AdmissionFlagChoice
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.status import ConditionState, ConditionStatus, ConditionType
 from kvtune.operator.decide.tuner import HISTORY_LIMIT, Figures, HistoryEntry, Pending, TunerState
 
 GROUP = "kvtune.dev"
@@ -26,30 +27,6 @@ SHORT_NAMES = ("kvtp",)
 
 EngineType = Literal["kvtune", "vllm", "sglang"]
 ModeName = Literal["Observe", "Recommend", "Apply"]
-ConditionType = Literal[
-    "Preempting",
-    "KVSaturated",
-    "PrefixCacheDefeated",
-    "FP8Recommended",
-    "Stable",
-    "SourceAlternating",
-    "ModeCapped",
-    "RolloutStalled",
-    "ChangeReverted",
-]
-# What the diagnosis says (Unknown without data), on every policy. ModeCapped is the operator's own: the
-# policy runs below its spec.mode (the operator's maxMode, or an undo's hold).
-CONDITION_TYPES: tuple[ConditionType, ...] = (
-    "Preempting",
-    "KVSaturated",
-    "PrefixCacheDefeated",
-    "FP8Recommended",
-    "Stable",
-    "SourceAlternating",  # the metrics source answers from more than one process: nothing is acted on
-)
-# what became of the operator's patches, on a vllm or sglang target (a Deployment's or StatefulSet's args)
-WORKLOAD_CONDITION_TYPES: tuple[ConditionType, ...] = ("RolloutStalled", "ChangeReverted")
-ConditionStatus = Literal["True", "False", "Unknown"]
 HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged", "undone"]
 Direction = Literal["cap", "lower", "raise"]
 RemedyName = Literal["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv"]
@@ -76,9 +53,6 @@ class SecretKeyRef(CamelModel):
 
     name: Name
     key: str = Field("token", min_length=1)
-
-
-PORT_MESSAGE = "a port is 1-65535"
 
 
 class PodEndpoints(CamelModel):
@@ -351,6 +325,14 @@ class Condition(CamelModel):
     reason: str = Field(min_length=1)
     message: str = ""
     last_transition_time: datetime
+
+    @staticmethod
+    def of(state: ConditionState) -> Condition:
+        return Condition(type=state.type, status=state.status, reason=state.reason, message=state.message,
+                         last_transition_time=state.since)  # fmt: skip
+
+    def state(self) -> ConditionState:
+        return ConditionState(self.type, self.status, self.reason, self.message, self.last_transition_time)
 
 
 class KnobValues(CamelModel):

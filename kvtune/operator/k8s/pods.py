@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvtune.operator.decide.pooling import Pooled, PoolState, pool
+from kvtune.operator.decide.ports import MetricSource
 from kvtune.operator.decide.sample import NoData, Sample, SampleResult
-from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, MetricSource
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 
 SERVICE_LABEL = "kubernetes.io/service-name"
@@ -75,6 +76,9 @@ def pod_url(scheme: str, pod: Pod, port: int, path: str = "") -> str:
 class PodSource(Protocol):
     def read_pods(self) -> PodReadings | NoData: ...
 
+    @property
+    def proxy_problem(self) -> str | None: ...
+
 
 def pod_metrics(
     pod: Pod, scheme: str, port: int, path: str, proxy_port: int | None, clock: Clock
@@ -108,7 +112,7 @@ class PodEndpointsSource:
         problems = [
             f"pod {name}: {endpoint.proxy_problem}"
             for name, endpoint in sorted(self.endpoints.items())
-            if isinstance(endpoint, EngineWithProxy) and endpoint.proxy_problem
+            if endpoint.proxy_problem
         ]
         return "; ".join(problems) or None
 
@@ -132,6 +136,11 @@ class PooledSource:
         self.clock = clock
         self.last: Pooled | None = None
         self.unread: dict[str, str] = {}
+
+    @property
+    def proxy_problem(self) -> str | None:
+        """The pods whose proxy sidecar's /metrics did not answer at the last read."""
+        return self.pods.proxy_problem
 
     def read(self) -> SampleResult:
         readings = self.pods.read_pods()

@@ -12,26 +12,27 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kvtune.contract.admin import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
-from kvtune.operator.decide.diagnosis import Diagnosis, corrupt_text, known
-from kvtune.operator.decide.ladder import Remedy, flag_prefix_defeat, recommend_fp8_kv
+from kvtune.operator.decide.diagnosis import corrupt_text
 from kvtune.operator.decide.loop import Tick, step, window_length
 from kvtune.operator.decide.mode_ceiling import ModeDecision, effective_mode
 from kvtune.operator.decide.policy import Mode, TuningPolicy
-from kvtune.operator.decide.pooling import PoolState, worst_pod_line
-from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.decide.pooling import PodEvidence, PoolState, worst_pod_line
+from kvtune.operator.decide.ports import Actuator
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.status import (
+    CONDITION_TYPES,
+    ConditionState,
+    ConditionStatus,
+    Knobs,
+    condition,
+    condition_states,
+    recommended_knobs,
+    record_tick,
+)
 from kvtune.operator.decide.tuner import Figures, HistoryEntry, TunerState, Value
 from kvtune.operator.decide.undo import first_values, undo
-from kvtune.operator.io.actuators import (
-    ENGINE_KNOBS,
-    PROXY_KNOBS,
-    Actuator,
-    ActuatorResult,
-    ComposedActuator,
-    FanOutActuator,
-    KvtuneAdminActuator,
-)
 from kvtune.operator.io.own_metrics import (
     ERROR_ACTUATOR,
     ERROR_EVENT_POST,
@@ -41,18 +42,14 @@ from kvtune.operator.io.own_metrics import (
     OperatorMetrics,
     evaluation_of,
 )
-from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, MetricSource, PrometheusSource
 from kvtune.operator.k8s.crd import (
-    CONDITION_TYPES,
     Condition,
-    ConditionStatus,
-    ConditionType,
     DesiredValues,
     KnobValues,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
     OriginalValues,
-    SecretKeyRef,
+    PodStatus,
     UndoStatus,
     WorkloadWatch,
     state_from_status,
@@ -60,18 +57,12 @@ from kvtune.operator.k8s.crd import (
 )
 from kvtune.operator.k8s.events import EventSpec, PolicyRef, post_event
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
-from kvtune.operator.k8s.pods import Pod, PodEndpointsSource, PooledSource, pod_url
+from kvtune.operator.k8s.pods import PooledSource
 from kvtune.operator.k8s.secret_cache import SecretCache
-from kvtune.operator.k8s.workload import (
-    is_workload,
-    pod_statuses,
-    pods_admin_actuator,
-    pods_proxy_actuator,
-    workload_pods,
-    workload_source,
-)
+from kvtune.operator.k8s.wiring import actuator_for, advisory, args_actuator_of, source_for
+from kvtune.operator.k8s.workload import is_workload, pod_statuses, workload_pods, workload_source
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
-from kvtune.operator.k8s.workload_watch import AdvisoryWorkload, Watched, after_patch, follow, needs_read
+from kvtune.operator.k8s.workload_watch import Watched, after_patch, follow, needs_read
 from kvtune.operator.k8s.workload_watch import conditions as watch_conditions
 
 logger = logging.getLogger("kvtune.operator")
@@ -83,28 +74,6 @@ EVENT_REASONS = {
     "flagged": ("Warning", "PrefixCacheDefeated"),
     "undone": ("Normal", "TuningUndone"),
 }
-FIELDS = {
-    KNOB_MAX_NUM_SEQS: "max_num_seqs",
-    KNOB_MAX_TOKENS_CAP: "max_tokens_cap",
-    KNOB_KV_CACHE_DTYPE: "kv_cache_dtype",
-}
-
-
-class UnavailableActuator:
-    """Stands in when the real actuator cannot be built (a missing Secret): diagnosis and recommendations
-    continue, nothing is applied. It holds no knob, so inside a ComposedActuator the knobs it stands for
-    become recommendations and the ladder moves on to the knobs the other parts can change."""
-
-    knobs: frozenset[str] = frozenset()
-
-    def __init__(self, error: str) -> None:
-        self.error = error
-
-    def current(self) -> ActuatorResult:
-        return ActuatorResult(False, {}, self.error)
-
-    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
-        return ActuatorResult(False, {}, self.error)
 
 
 @dataclass
@@ -115,8 +84,8 @@ class PolicyMemory:
 
     state: TunerState = field(default_factory=TunerState)
     samples: deque[Sample] = field(default_factory=deque)
-    conditions: dict[str, Condition] = field(default_factory=dict)
-    recommended: KnobValues | None = None
+    conditions: dict[str, ConditionState] = field(default_factory=dict)
+    recommended: Knobs | None = None
     no_data: bool = False
     actuator_error: str | None = None
     proxy_problem: str | None = None  # why the proxy's /metrics could not be read at the last evaluation
@@ -129,7 +98,7 @@ class PolicyMemory:
     watch: WorkloadWatch = field(
         default_factory=lambda: WorkloadWatch()
     )  # a vllm / sglang workload's rollout, reverts
-    current: KnobValues | None = None  # the knobs the engine held at the last evaluation that read them
+    current: Knobs | None = None  # the knobs the engine held at the last evaluation that read them
     alternating: bool = False  # the source answered from more than one process, recently enough to hold
     corrupt: tuple[tuple[str, str], ...] = ()  # the series dropped as impossible at the last evaluation
 
@@ -142,116 +111,25 @@ class PolicyMemory:
             return PolicyMemory()
         return PolicyMemory(
             state=state_from_status(saved),
-            conditions={c.type: c for c in saved.conditions},
-            recommended=saved.recommended,
+            conditions={c.type: c.state() for c in saved.conditions},
+            recommended=knobs_of(saved.recommended),
             original=saved.original.values() if saved.original else {},
             undo=saved.undo,
             watch=saved.workload or WorkloadWatch(),
-            current=saved.current,
+            current=knobs_of(saved.current),
         )
 
 
-def source_for(spec: KVTuningPolicySpec) -> MetricSource:
-    metrics = spec.metrics
-    assert metrics is not None  # the model requires metrics unless the target's pods are read
-    if metrics.prometheus is not None:
-        return PrometheusSource(metrics.prometheus.url, metrics.prometheus.selector)
-    assert metrics.metrics_url is not None  # the model guarantees exactly one
-    if metrics.proxy_metrics_url is not None:
-        return EngineWithProxy(
-            MetricsEndpoint(metrics.metrics_url), MetricsEndpoint(metrics.proxy_metrics_url)
-        )
-    return MetricsEndpoint(metrics.metrics_url)
+def knobs_of(values: KnobValues | None) -> Knobs | None:
+    return None if values is None else dict(values.model_dump(exclude_none=True))
 
 
-def secret_token(
-    api: KubeApi, namespace: str, secrets: SecretCache, ref: SecretKeyRef, name: str
-) -> str | UnavailableActuator:
-    """The bearer token of the admin API called `name`, or an UnavailableActuator saying why it is not."""
-    try:
-        return secrets.value(api, namespace, ref.name, ref.key)
-    except KubeError as err:
-        return UnavailableActuator(f"{name} token secret {namespace}/{ref.name}: {err}")
+def knob_values(knobs: Knobs | None) -> KnobValues | None:
+    return None if knobs is None else KnobValues.model_validate(knobs)
 
 
-def admin_actuator(
-    api: KubeApi, namespace: str, secrets: SecretCache, url: str, ref: SecretKeyRef, knobs: frozenset[str],
-    name: str,
-) -> Actuator:  # fmt: skip
-    """The admin API at `url`, with its bearer token from the Secret (unavailable while it cannot be read)."""
-    token = secret_token(api, namespace, secrets, ref, name)
-    if isinstance(token, UnavailableActuator):
-        return token
-    return KvtuneAdminActuator(url, token, knobs=knobs, name=name)
-
-
-def engine_base_url(spec: KVTuningPolicySpec, pods: list[Pod] | NoData | None) -> str | None:
-    """Where the engine's own HTTP API (its `/version`) answers: beside its metricsUrl, or on the first
-    ready pod of target.podEndpoints; None when only Prometheus knows the engine."""
-    if spec.metrics is not None and spec.metrics.metrics_url is not None:
-        return spec.metrics.metrics_url.rstrip("/").removesuffix("/metrics")
-    endpoints = spec.target.pod_endpoints
-    if endpoints is not None and isinstance(pods, list) and pods:
-        return pod_url(endpoints.scheme, pods[0], endpoints.metrics_port)
-    return None
-
-
-def actuator_for(
-    api: KubeApi, spec: KVTuningPolicySpec, namespace: str, secrets: SecretCache,
-    pods: list[Pod] | NoData | None = None,
-) -> Actuator:  # fmt: skip
-    """A kvtune engine: its admin API, or every pod's (`pods`, with target.podEndpoints). vLLM / SGLang: the
-    Deployment's args for max_num_seqs (one patch, one rolling restart, however many pods), and with a
-    kvtune proxy in front, the proxy's admin API for the max_tokens cap (live, so the cap never restarts
-    the engine): one proxy's (proxyAdminUrl), or every pod's proxy sidecar (podEndpoints.proxyPort)."""
-    target = spec.target
-    if target.engine == "kvtune" and target.pod_endpoints is not None:
-        assert target.admin_token_secret_ref is not None and pods is not None
-        token = secret_token(api, namespace, secrets, target.admin_token_secret_ref, "admin API")
-        if isinstance(token, UnavailableActuator):
-            return token
-        return pods_admin_actuator(pods, target.pod_endpoints, token)
-    if target.engine == "kvtune":
-        assert target.admin_url is not None and target.admin_token_secret_ref is not None
-        return admin_actuator(api, namespace, secrets, target.admin_url, target.admin_token_secret_ref,
-                              ENGINE_KNOBS, "admin API")  # fmt: skip
-    version_url = engine_base_url(spec, pods)
-    deployment = WorkloadArgsActuator(api, target.kind, namespace, target.name, target.container, target.engine,
-                                      target.admission_flag, version_url)  # fmt: skip
-    sidecars = target.pod_endpoints if target.pod_endpoints and target.pod_endpoints.proxy_port else None
-    if target.proxy_admin_url is None and sidecars is None:
-        return deployment
-    ref = target.proxy_admin_token_secret_ref
-    assert ref is not None  # the model requires it with proxyAdminUrl and with podEndpoints.proxyPort
-    proxy: Actuator
-    if sidecars is not None:
-        assert pods is not None  # listed whenever the target has podEndpoints
-        token = secret_token(api, namespace, secrets, ref, "proxy admin API")
-        proxy = (
-            token if isinstance(token, UnavailableActuator) else pods_proxy_actuator(pods, sidecars, token)
-        )
-    else:
-        assert target.proxy_admin_url is not None
-        proxy = admin_actuator(api, namespace, secrets, target.proxy_admin_url, ref, PROXY_KNOBS,
-                               "proxy admin API")  # fmt: skip
-    return ComposedActuator([proxy, deployment])
-
-
-def unavailable(actuator: Actuator) -> str | None:
-    """Why (part of) the actuator could not be built, or None."""
-    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
-    errors = [part.error for part in parts if isinstance(part, UnavailableActuator)]
-    return "; ".join(errors) or None
-
-
-def admission_flag_of(actuator: Actuator) -> str | None:
-    """The vLLM flag the workload actuator reads and patches, and why (for Events and status)."""
-    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
-    for part in parts:
-        args = part.actuator if isinstance(part, AdvisoryWorkload) else part  # yielded: still read
-        if isinstance(args, WorkloadArgsActuator) and args.flag_choice is not None:
-            return f"{args.flag_choice.flag} ({args.flag_choice.why})"
-    return None
+def conditions_of(states: list[ConditionState]) -> list[Condition]:
+    return [Condition.of(state) for state in states]
 
 
 def _figures(figures: Figures | None) -> str:
@@ -277,103 +155,6 @@ def history_event(entry: HistoryEntry, flag: str | None = None) -> EventSpec:
     return EventSpec(kind, reason, message, entry.remedy.value)
 
 
-def _condition(
-    memory: PolicyMemory, kind: ConditionType, status: ConditionStatus, reason: str, message: str, now: float
-) -> Condition:
-    before = memory.conditions.get(kind)
-    changed = before is None or before.status != status
-    when = datetime.fromtimestamp(now, UTC) if changed or before is None else before.last_transition_time
-    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=when)
-
-
-def source_condition(memory: PolicyMemory, holding: str | None, no_data: bool, now: float) -> Condition:
-    """SourceAlternating: True while the metrics source answers from more than one process (no action is
-    taken until it answers from one), False while its samples come from one, Unknown without data."""
-    if holding is not None:
-        return _condition(memory, "SourceAlternating", "True", "AlternatingSource",
-                          f"{ALTERNATING_HINT}: {holding}; no action until it answers from one process", now)  # fmt: skip
-    if no_data:
-        return _condition(memory, "SourceAlternating", "Unknown", "NoData", "no sample", now)
-    return _condition(
-        memory, "SourceAlternating", "False", "OneProcess", "the samples come from one process", now
-    )
-
-
-def conditions_for(
-    memory: PolicyMemory,
-    diagnosis: Diagnosis | None,
-    no_data: str | None,
-    prefix_defeated: tuple[bool, str],
-    fp8: tuple[bool, str],
-    now: float,
-    holding: str | None = None,
-) -> list[Condition]:
-    if diagnosis is None or diagnosis.status == "no_data":
-        reason = no_data or (
-            diagnosis.findings[0].evidence if diagnosis and diagnosis.findings else "no data"
-        )
-        blank = [
-            _condition(memory, kind, "Unknown", "NoData", reason, now)
-            for kind in CONDITION_TYPES
-            if kind != "SourceAlternating"
-        ]
-        return [*blank, source_condition(memory, holding, True, now)]
-    d = diagnosis
-    corrupt = (
-        f"corrupt metrics, dropped and never used as figures: {corrupt_text(d.corrupt)}" if d.corrupt else ""
-    )
-    if d.preemption_rate is None and d.corrupt and d.samples >= 2:
-        preempting = _condition(memory, "Preempting", "Unknown", "CorruptMetrics", corrupt, now)
-    elif d.preemption_rate is None:
-        preempting = _condition(
-            memory, "Preempting", "Unknown", "WaitingForSamples", "rates need two samples", now
-        )
-    elif d.preempting:
-        preempting = _condition(
-            memory, "Preempting", "True", "PreemptionsObserved",
-            f"{d.preemption_rate:.2f} preemptions/s over {d.window_seconds:.0f} s", now,
-        )  # fmt: skip
-    else:
-        preempting = _condition(
-            memory, "Preempting", "False", "NoPreemptions", f"over {d.window_seconds:.0f} s", now
-        )
-    kv = f"KV usage max {known(d.kv_usage_max, '.0%')}, waiting max {known(d.waiting_max, '.0f')}"
-    if corrupt:
-        kv += f"; {corrupt}"
-    if d.kv_usage_max is None and d.corrupt:
-        saturated = _condition(memory, "KVSaturated", "Unknown", "CorruptMetrics", kv, now)
-    else:
-        saturated = _condition(
-            memory, "KVSaturated", "True" if d.saturated else "False",
-            "KVCacheFull" if d.saturated else "KVHeadroom", kv, now,
-        )  # fmt: skip
-    defeated, defeat_evidence = prefix_defeated
-    prefix = _condition(
-        memory, "PrefixCacheDefeated", "True" if defeated else "False",
-        ("PrefixDefeatsReported" if d.prefix_defeats else "LowPrefixHitRate") if defeated else "NotDetected",
-        defeat_evidence, now,
-    )  # fmt: skip
-    recommended, fp8_evidence = fp8
-    fp8_condition = _condition(
-        memory, "FP8Recommended", "True" if recommended else "False",
-        "PressurePersists" if recommended else "NotNeeded", fp8_evidence, now,
-    )  # fmt: skip
-    unknown = d.preemption_rate is None
-    stable = not unknown and not d.preempting and not d.saturated
-    stable_condition = _condition(
-        memory, "Stable", "Unknown" if unknown else ("True" if stable else "False"),
-        "WaitingForSamples" if unknown else (("Idle" if d.status == "idle" else "NoPressure") if stable else "Pressure"),
-        kv, now,
-    )  # fmt: skip
-    source = source_condition(memory, holding, False, now)
-    return [preempting, saturated, prefix, fp8_condition, stable_condition, source]
-
-
-def _knobs(values: dict[str, int | str | None]) -> KnobValues:
-    fields = {FIELDS[k]: v for k, v in values.items() if k in FIELDS and v is not None}
-    return KnobValues.model_validate(fields)
-
-
 def patch_body(value: Any, in_list: bool = False) -> Any:
     """A merge-patch body from a full dump: nulls stay on object fields (so stale keys are deleted), and
     are dropped inside list items (a list is replaced whole, and null is not a valid item value)."""
@@ -384,18 +165,6 @@ def patch_body(value: Any, in_list: bool = False) -> Any:
     return value
 
 
-def condition_states(conditions: list[Condition]) -> dict[str, bool | None]:
-    return {c.type: {"True": True, "False": False}.get(c.status) for c in conditions}
-
-
-def recommended_knobs(recommended: KnobValues | None) -> dict[str, int | None]:
-    """The knobs the status recommends (a knob it does not name is advised at its current value)."""
-    if recommended is None:
-        return {}
-    values = {KNOB_MAX_NUM_SEQS: recommended.max_num_seqs, KNOB_MAX_TOKENS_CAP: recommended.max_tokens_cap}
-    return {knob: value for knob, value in values.items() if value is not None}
-
-
 @dataclass(frozen=True)
 class Outcome:
     tick: Tick
@@ -404,67 +173,9 @@ class Outcome:
     evaluation: Evaluation  # what the operator's own /metrics record of this tick
 
 
-def follow_tick(
-    memory: PolicyMemory, tick: Tick, policy: TuningPolicy, now: float
-) -> tuple[KnobValues | None, list[Condition]]:
-    """Carry one tick into `memory`: the recommendations (merged, dropped once Stable) and the conditions.
-    Returns the knobs the engine holds (None without data) and the conditions. The --local loop keeps a
-    PolicyMemory of its own for this too, so its metrics say what a KVTuningPolicy's status would."""
-    diagnosis = tick.decision.diagnosis if tick.decision else None
-    current: KnobValues | None = None
-    prefix = fp8 = (False, "")
-    if tick.engine is not None and diagnosis is not None:
-        view = tick.engine
-        current = _knobs({KNOB_MAX_NUM_SEQS: view.max_num_seqs, KNOB_MAX_TOKENS_CAP: view.max_tokens_cap,
-                          KNOB_KV_CACHE_DTYPE: view.cache_dtype})  # fmt: skip
-        flag = flag_prefix_defeat(diagnosis, view, policy)
-        prefix = (flag.applicable, flag.evidence)
-        advice = recommend_fp8_kv(diagnosis, view, policy)
-        reached = any(h.remedy is Remedy.RECOMMEND_FP8_KV for h in tick.state.history)
-        fp8 = (advice.applicable and reached, advice.evidence)
-    if tick.decision is not None:
-        proposed: dict[str, int | str | None] = {
-            a.knob: a.recommended for a in tick.decision.advice if a.knob
-        }
-        proposed.update({c.knob: c.value for c in tick.decision.changes})
-        if proposed:
-            merged = {**(memory.recommended.dump() if memory.recommended else {}), **_knobs(proposed).dump()}
-            memory.recommended = KnobValues.model_validate(merged)
-    conditions = conditions_for(memory, diagnosis, tick.no_data, prefix, fp8, now, tick.holding)
-    memory.conditions = {c.type: c for c in conditions}
-    if any(c.type == "Stable" and c.status == "True" for c in conditions):
-        memory.recommended = None
-    return current, conditions
-
-
-def held_by_pod(actuator: Actuator) -> dict[str, dict[str, int | None]]:
-    """What each pod's admin API (its engine's, or its proxy sidecar's) last said it holds (empty when the
-    knobs are not set pod by pod)."""
-    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
-    held: dict[str, dict[str, int | None]] = {}
-    for part in parts:
-        if isinstance(part, FanOutActuator):
-            for pod, values in part.held.items():
-                held.setdefault(pod, {}).update(values)
-    return held
-
-
-def proxy_problem_of(source: MetricSource) -> str | None:
-    """Why a kvtune proxy's /metrics could not be read at this evaluation: the one proxy beside the engine,
-    or the pods whose proxy sidecar did not answer."""
-    if isinstance(source, EngineWithProxy):
-        return source.proxy_problem
-    if isinstance(source, PooledSource) and isinstance(source.pods, PodEndpointsSource):
-        return source.pods.proxy_problem
-    return None
-
-
-def follow_pods(
-    memory: PolicyMemory, source: PooledSource, actuator: Actuator, tick: Tick
-) -> tuple[list[EventSpec], str | None]:
+def record_pods(memory: PolicyMemory, source: PooledSource, tick: Tick) -> list[EventSpec]:
     """Carry one evaluation of many pods into `memory` (the pool state) and say what changed among the pods
-    (restarts, disagreements, unreadable pods: an Event each time the findings change), and name the worst
-    pod of the window."""
+    (restarts, disagreements, unreadable pods: an Event each time the findings change)."""
     memory.pool = source.state
     events: list[EventSpec] = []
     pooled = source.last
@@ -476,13 +187,19 @@ def follow_pods(
     if findings and findings != memory.pod_findings:
         events.append(EventSpec("Warning", "PodsDisagree", "; ".join(findings)))
     memory.pod_findings = findings
-    _, worst = pod_statuses(memory.pool, tick.evidence_since, held_by_pod(actuator))
-    return events, (worst_pod_line(worst) if worst is not None and tick.no_data is None else None)
+    return events
 
 
-def name_worst_pod(state: TunerState, previous: TunerState, worst: str) -> TunerState:
-    """The history entries this evaluation added, with the worst pod in their evidence."""
-    seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
+HistoryKey = tuple[float, str, object, str | None]
+
+
+def history_keys(state: TunerState) -> set[HistoryKey]:
+    """What tells one history entry from another: an entry whose key is not in an earlier state's is new."""
+    return {(h.at, h.kind, h.remedy, h.knob) for h in state.history}
+
+
+def name_worst_pod(state: TunerState, seen: set[HistoryKey], worst: str) -> TunerState:
+    """The history entries this evaluation added (not `seen`), with the worst pod in their evidence."""
     history = tuple(
         h if (h.at, h.kind, h.remedy, h.knob) in seen else replace(h, evidence=f"{h.evidence}; {worst}")
         for h in state.history
@@ -492,7 +209,7 @@ def name_worst_pod(state: TunerState, previous: TunerState, worst: str) -> Tuner
 
 def mode_condition(
     memory: PolicyMemory, decision: ModeDecision, now: float
-) -> tuple[Condition, list[EventSpec]]:
+) -> tuple[ConditionState, list[EventSpec]]:
     """The ModeCapped condition, and a Warning Event when the policy starts running below its spec.mode
     (or for another reason than at the last evaluation)."""
     reason = decision.reason if decision.capped else None
@@ -503,7 +220,7 @@ def mode_condition(
     )
     memory.mode_capped = reason
     status: ConditionStatus = "True" if decision.capped else "False"
-    return _condition(memory, "ModeCapped", status, decision.reason, decision.message, now), events
+    return condition(memory.conditions, "ModeCapped", status, decision.reason, decision.message, now), events
 
 
 def carry_out_undo(
@@ -531,21 +248,6 @@ def carry_out_undo(
     return outcome.state, events
 
 
-def args_actuator_of(actuator: Actuator) -> WorkloadArgsActuator | None:
-    """The part that patches a Deployment's or StatefulSet's args, if the policy has one."""
-    parts = actuator.parts if isinstance(actuator, ComposedActuator) else [actuator]
-    return next((part for part in parts if isinstance(part, WorkloadArgsActuator)), None)
-
-
-def advisory(actuator: Actuator, args: WorkloadArgsActuator, manager: str) -> Actuator:
-    """`actuator` with its workload part reading but no longer changing the args (yielded to `manager`)."""
-    if isinstance(actuator, ComposedActuator):
-        return ComposedActuator(
-            [AdvisoryWorkload(args, manager) if part is args else part for part in actuator.parts]
-        )
-    return AdvisoryWorkload(args, manager)
-
-
 def watch_workload(
     args: WorkloadArgsActuator, memory: PolicyMemory, policy: TuningPolicy, generation: int | None, now: float
 ) -> Watched | None:
@@ -569,20 +271,19 @@ def yield_value(memory: PolicyMemory) -> None:
     memory.state = replace(
         memory.state, desired=tuple((k, v) for k, v in memory.state.desired if k != KNOB_MAX_NUM_SEQS)
     )
-    merged = {**(memory.recommended.dump() if memory.recommended else {}), "maxNumSeqs": value}
-    memory.recommended = KnobValues.model_validate(merged)
+    memory.recommended = {**(memory.recommended or {}), KNOB_MAX_NUM_SEQS: value}
 
 
-def workload_conditions(memory: PolicyMemory, now: float) -> list[Condition]:
+def workload_conditions(memory: PolicyMemory, now: float) -> list[ConditionState]:
     return [
-        _condition(memory, kind, status, reason, message, now)
+        condition(memory.conditions, kind, status, reason, message, now)
         for kind, status, reason, message in watch_conditions(memory.watch)
     ]
 
 
 def waiting(
     memory: PolicyMemory, spec: KVTuningPolicySpec, note: str, events: list[EventSpec], flag: str | None,
-    generation: int | None, now: float, capped: Condition, mode: Mode,
+    generation: int | None, now: float, capped: ConditionState, mode: Mode,
 ) -> Outcome:  # fmt: skip
     """The outcome of an evaluation that neither judges nor acts (a rollout in progress): status says why,
     and keeps what the last evaluation found."""
@@ -600,9 +301,9 @@ def waiting(
         observed_generation=generation,
         last_evaluation_time=datetime.fromtimestamp(now, UTC),
         note=note,
-        conditions=conditions,
-        current=memory.current,
-        recommended=memory.recommended,
+        conditions=conditions_of(conditions),
+        current=knob_values(memory.current),
+        recommended=knob_values(memory.recommended),
         desired=DesiredValues.of(memory.state.desired),
         history=history,
         tuner_state=tuner,
@@ -638,7 +339,7 @@ def evaluate(
         memory.samples = deque(memory.samples, maxlen=keep)
     pods = workload_pods(api, policy_ref.namespace, spec)
     actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets, pods)
-    actuator_error = unavailable(actuator)
+    actuator_error = actuator.describe().unavailable
     if actuator_error and actuator_error != memory.actuator_error:
         events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
     memory.actuator_error = actuator_error
@@ -654,8 +355,8 @@ def evaluate(
             memory.state = memory.state.after_engine_restart(now)
         # an undo is a person's override: it is carried out even while a rollout is under way
         if watched.wait is not None and undo_request is None:
-            return waiting(memory, spec, watched.wait, events, admission_flag_of(actuator), generation, now,
-                           capped, decision.mode)  # fmt: skip
+            return waiting(memory, spec, watched.wait, events, actuator.describe().admission_flag, generation,
+                           now, capped, decision.mode)  # fmt: skip
     if args is not None and memory.watch.yielded_value is not None:
         actuator = advisory(actuator, args, memory.watch.reverted_by or "another field manager")
     previous = memory.state
@@ -665,21 +366,26 @@ def evaluate(
         events += undo_events
     workload = is_workload(spec)
     horizon = keep * float(spec.interval_seconds)
-    source = workload_source(spec, pods, memory.pool, horizon) if workload else source_for(spec)
+    pooled = workload_source(spec, pods, memory.pool, horizon) if workload else None
+    source = pooled if pooled is not None else source_for(spec)
     tick = step(source, actuator, policy, start, memory.samples, now)
-    pod_events, worst = (
-        follow_pods(memory, source, actuator, tick) if isinstance(source, PooledSource) else ([], None)
-    )
+    info = actuator.describe()  # after the step: what the pods answered to it
+    seen = history_keys(previous)
+    pods_status: list[PodStatus] = []
+    worst_pod: PodEvidence | None = None
+    worst: str | None = None
+    if pooled is not None:
+        events += record_pods(memory, pooled, tick)
+        pods_status, worst_pod = pod_statuses(memory.pool, tick.evidence_since, info.held_by_pod)
+        worst = worst_pod_line(worst_pod) if worst_pod is not None and tick.no_data is None else None
     if worst is not None:
-        tick = replace(tick, state=name_worst_pod(tick.state, previous, worst))
-    events += pod_events
-    proxy_problem = proxy_problem_of(source)
+        tick = replace(tick, state=name_worst_pod(tick.state, seen, worst))
+    proxy_problem = source.proxy_problem
     if proxy_problem and not memory.proxy_problem:
         events.append(EventSpec("Warning", "ProxyMetricsMissing",
                                 f"the proxy's /metrics (defeat and cap series) cannot be read: {proxy_problem}"))  # fmt: skip
     memory.proxy_problem = proxy_problem
-    seen = {(h.at, h.kind, h.remedy, h.knob) for h in previous.history}
-    flag = admission_flag_of(actuator)
+    flag = info.admission_flag
     events += [
         history_event(h, flag) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen
     ]
@@ -719,10 +425,11 @@ def evaluate(
         memory.watch = after_patch(memory.watch, args, now)
     watching = workload_conditions(memory, now) if args is not None else []
 
-    current, conditions = follow_tick(memory, tick, policy, now)
-    conditions = [*conditions, capped, *watching]
-    memory.conditions[capped.type] = capped
-    memory.conditions.update({c.type: c for c in watching})
+    recorded = record_tick(memory.conditions, memory.recommended, tick, now)
+    current = recorded.current
+    memory.recommended = recorded.recommended
+    conditions = [*recorded.conditions, capped, *watching]
+    memory.conditions = {c.type: c for c in conditions}
     if current is not None:
         memory.current = current
     tuner, history = state_to_status(tick.state)
@@ -732,18 +439,15 @@ def evaluate(
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
     if corrupt:
         note = f"{note}; corrupt metrics, dropped: {corrupt_text(corrupt)}"
-    pods_status, worst_pod = (
-        pod_statuses(memory.pool, tick.evidence_since, held_by_pod(actuator)) if workload else ([], None)
-    )
     if worst is not None:
         note = f"{note}; {worst}"
     status = KVTuningPolicyStatus(
         observed_generation=generation,
         last_evaluation_time=datetime.fromtimestamp(now, UTC),
         note=note,
-        conditions=conditions,
-        current=current,
-        recommended=memory.recommended,
+        conditions=conditions_of(conditions),
+        current=knob_values(current),
+        recommended=knob_values(memory.recommended),
         desired=DesiredValues.of(tick.state.desired),
         history=history,
         tuner_state=tuner,

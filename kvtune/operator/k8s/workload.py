@@ -1,21 +1,22 @@
 """A policy whose target runs as many pods (`target.podEndpoints`, or `metrics.prometheus.byPod`): which
 pods there are this evaluation, the pooled source that reads them, the fan-out actuators that set a kvtune
 engine's knobs, or a kvtune proxy sidecar's cap, on each of them, and the per-pod evidence that goes into
-status. One value is decided for the whole workload; `policy_tick.evaluate` wires these in.
+status. One value is decided for the whole workload; `reconcile.evaluate` wires these in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.pooling import PodEvidence, PoolState, evidence
+from kvtune.operator.decide.ports import KnobReadings
 from kvtune.operator.decide.sample import NoData
 from kvtune.operator.io.actuators import (
     ENGINE_KNOBS,
     PROXY_KNOBS,
     FanOutActuator,
-    KnobValues,
     KvtuneAdminActuator,
 )
 from kvtune.operator.io.sources import PrometheusSource
@@ -42,6 +43,8 @@ def workload_pods(api: KubeApi, namespace: str, spec: KVTuningPolicySpec) -> lis
 
 class NoPods:
     """A PodSource when the pods could not be listed: every read says why."""
+
+    proxy_problem: str | None = None  # no pod listed, so no proxy sidecar read
 
     def __init__(self, why: NoData) -> None:
         self.why = why
@@ -94,14 +97,14 @@ def pods_proxy_actuator(pods: list[Pod] | NoData, endpoints: PodEndpoints, token
     return fan_out(pods, endpoints.scheme, port, token, PROXY_KNOBS, "proxy admin API")
 
 
-def held_max_num_seqs(found: PodEvidence, held: dict[str, KnobValues]) -> int | None:
+def held_max_num_seqs(found: PodEvidence, held: Mapping[str, KnobReadings]) -> int | None:
     """What the pod's admin API said it holds (authoritative), else its own max_num_seqs gauge."""
     value = held.get(found.name, {}).get(KNOB_MAX_NUM_SEQS)
     return value if value is not None else found.max_num_seqs
 
 
 def pod_statuses(
-    state: PoolState, since: float | None, held: dict[str, KnobValues]
+    state: PoolState, since: float | None, held: Mapping[str, KnobReadings]
 ) -> tuple[list[PodStatus], PodEvidence | None]:
     """status.pods (the worst first, bounded) and the worst pod, over the window from `since`."""
     found = evidence(state, since)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from kvtune.contract.admin import KNOB_MAX_NUM_SEQS
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.admission_flag import (
     MAX_NUM_SEQS,
     AdmissionFlagChoice,
@@ -27,7 +27,7 @@ from kvtune.operator.decide.admission_flag import (
     admission_value,
     choose_flag,
 )
-from kvtune.operator.io.actuators import ActuatorResult
+from kvtune.operator.decide.ports import ActuatorInfo, ActuatorResult
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError, WorkloadKind
 
 # the engine flag that bounds concurrently running requests (vLLM's is chosen per workload)
@@ -256,3 +256,8 @@ class WorkloadArgsActuator:
                 self.observed = patched
             return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(after, flag)})
         return ActuatorResult(False, {}, f"{self.where}: still conflicting after {CONFLICT_RETRIES} attempts")
+
+    def describe(self) -> ActuatorInfo:
+        """The flag of the last read, and why that one (None before the first read)."""
+        choice = self.flag_choice
+        return ActuatorInfo(admission_flag=f"{choice.flag} ({choice.why})" if choice is not None else None)

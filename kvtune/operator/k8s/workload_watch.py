@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvtune.operator.io.actuators import ActuatorResult
-from kvtune.operator.k8s.crd import ConditionStatus, ConditionType, WorkloadWatch
+from kvtune.operator.decide.ports import ActuatorInfo, ActuatorResult
+from kvtune.operator.decide.status import ConditionStatus, ConditionType
+from kvtune.operator.k8s.crd import WorkloadWatch
 from kvtune.operator.k8s.events import EventSpec
 from kvtune.operator.k8s.kube_api import FIELD_MANAGER
 from kvtune.operator.k8s.managed_fields import other_owner
@@ -173,3 +174,6 @@ class AdvisoryWorkload:
 
     def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         return ActuatorResult(False, {}, f"{self.actuator.where}: its args are {self.manager}'s (GitOps)")
+
+    def describe(self) -> ActuatorInfo:
+        return self.actuator.describe()  # yielded, but still read: its flag is still the one in force
