@@ -18,11 +18,11 @@ VERBS: dict[str, tuple[str, str]] = {
     "sim": ("kvtune.sim.command", "trace-driven KV-cache simulation (no model)"),
     "demo": ("kvtune.demo.command", "the main job on the embedded default, with a report"),
     "tiny-model": (
-        "kvtune.engine.tiny_model",
+        "kvtune.engine.model.tiny_model",
         "write a seeded random-weight Llama checkpoint (HF format)",
     ),
     "serve": (
-        "kvtune.engine.serve",
+        "kvtune.engine.command",
         "the engine server (OpenAI-compatible API, /metrics, admin API)",
     ),
     "proxy": (

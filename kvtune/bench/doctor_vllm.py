@@ -328,7 +328,7 @@ def _replay(
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtune.engine.tiny_model import write_tiny_model
+    from kvtune.engine.model.tiny_model import write_tiny_model
 
     if args.rounds < 1:
         raise KvtuneError("--rounds must be at least 1")

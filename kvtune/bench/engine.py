@@ -45,7 +45,7 @@ from kvtune.errors import KvtuneError
 SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
 DTYPES = ("float32", "bfloat16")
-MODELS = ("tiny", "small")  # kvtune.engine.tiny_model.MODEL_SIZES, named here without importing torch
+MODELS = ("tiny", "small")  # kvtune.engine.model.tiny_model.MODEL_SIZES, named here without importing torch
 
 
 @dataclass(frozen=True)
@@ -437,7 +437,7 @@ def format_section(
 
 def model_description(model: str) -> str:
     """The checkpoint in words, with its shape and honest parameter count (for the recorded section)."""
-    from kvtune.engine.tiny_model import MODEL_SIZES, describe
+    from kvtune.engine.model.tiny_model import MODEL_SIZES, describe
 
     command = "`kvtune tiny-model`" if model == "tiny" else f"`kvtune tiny-model --size {model}`"
     return f"the {model} checkpoint ({command}: {describe(MODEL_SIZES[model])})"
@@ -528,7 +528,7 @@ class KvtuneServer:
 def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
     """`model_dir`, with the `model`-size checkpoint written into it first if it holds none."""
     if not (model_dir / "config.json").is_file():
-        from kvtune.engine.tiny_model import MODEL_SIZES, write_tiny_model
+        from kvtune.engine.model.tiny_model import MODEL_SIZES, write_tiny_model
 
         print(f"writing the {model} checkpoint to {model_dir}", file=sys.stderr)
         write_tiny_model(model_dir, MODEL_SIZES[model])
@@ -538,7 +538,7 @@ def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
 def check_model_shape(model_dir: Path, model: str) -> None:
     """The recorded section names the model and its parameter count, so a folder holding another shape
     (`--model small --model-dir` at the tiny one's folder) is a clear error, not a mislabelled benchmark."""
-    from kvtune.engine.tiny_model import MODEL_SIZES
+    from kvtune.engine.model.tiny_model import MODEL_SIZES
 
     spec = MODEL_SIZES[model]
     config_path = model_dir / "config.json"

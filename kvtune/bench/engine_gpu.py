@@ -1,6 +1,6 @@
 """`python -m kvtune.bench.engine_gpu --device cuda`: the engine end to end on a device, for each model size.
 
-For the tiny and the small checkpoint (`kvtune.engine.tiny_model.MODEL_SIZES`, the shapes `kvtune
+For the tiny and the small checkpoint (`kvtune.engine.model.tiny_model.MODEL_SIZES`, the shapes `kvtune
 bench engine --model` uses) it starts `kvtune serve --device DEVICE` as a subprocess, sends a few short
 requests untimed (the kernels' first compilation is no part of a rate), then the timed batch from kvtune's
 own load generator (`kvtune.bench.load.run_batch`: every request at once, non-streamed, `ignore_eos`), and
@@ -146,7 +146,7 @@ def run_model(
 ) -> ModelRun:
     """Write the checkpoint (once), boot the server, warm it up, time the batch; every failure becomes the
     row's status rather than an exception, and the server is stopped whatever happens."""
-    from kvtune.engine.tiny_model import MODEL_SIZES, parameter_count
+    from kvtune.engine.model.tiny_model import MODEL_SIZES, parameter_count
 
     parameters = parameter_count(MODEL_SIZES[model])
     if budget.left() < MIN_MODEL_SECONDS:
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr)
         return 2
     from kvtune.bench.benchmarks_md import git_revision
-    from kvtune.engine.tiny_model import MODEL_SIZES, parameter_count
+    from kvtune.engine.model.tiny_model import MODEL_SIZES, parameter_count
 
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     runs: list[ModelRun] = []

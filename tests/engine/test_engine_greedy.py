@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_runner import PagedRunner, backend_params
 
-from kvtune.engine.model import load_model
+from kvtune.engine.model.model import load_model
 from kvtune.front.text.tokenizer import load_tokenizer
 
 PROMPTS = ["Hello", "The capital of France is", "1 2 3 4 5", "Once upon a time, in a land far away,"]

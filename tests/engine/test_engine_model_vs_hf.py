@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_runner import PagedRunner, PagedSequence, backend_params, hf_logits
 
-from kvtune.engine.model import load_model
+from kvtune.engine.model.model import load_model
 from kvtune.front.text.tokenizer import load_tokenizer
 
 ATOL = 1e-4

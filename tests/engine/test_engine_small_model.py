@@ -15,9 +15,9 @@ import torch
 from engine_runner import PagedRunner
 from safetensors import safe_open
 
-from kvtune.engine import tiny_model
-from kvtune.engine.checkpoint import open_checkpoint
-from kvtune.engine.model import load_model
+from kvtune.engine.model import tiny_model
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.model import load_model
 from kvtune.front.text.tokenizer import load_tokenizer
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away,"]

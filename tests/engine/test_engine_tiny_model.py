@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvtune.engine import tiny_model
-from kvtune.engine.checkpoint import open_checkpoint
+from kvtune.engine.model import tiny_model
+from kvtune.engine.model.checkpoint import open_checkpoint
 from kvtune.errors import KvtuneError
 from kvtune.front.text.tokenizer import load_tokenizer
 

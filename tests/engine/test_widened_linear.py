@@ -14,13 +14,13 @@ from engine_runner import PagedRunner, PagedSequence
 from test_engine_loop_greedy import SMALL_POOL_TOKENS, WORKLOAD, _params
 from torch import nn
 
-from kvtune.engine import model_runner
-from kvtune.engine.engine_config import EngineConfig
-from kvtune.engine.kv_cache import KVCache
-from kvtune.engine.model import load_model
-from kvtune.engine.model_runner import ModelRunner
-from kvtune.engine.serving_dtype import cpu_flags
-from kvtune.engine.widened_linear import WidenedLinear, widen_bf16_linears, widening_pays
+from kvtune.engine.model import model_runner
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model import load_model
+from kvtune.engine.model.model_runner import ModelRunner
+from kvtune.engine.model.serving_dtype import cpu_flags
+from kvtune.engine.model.widened_linear import WidenedLinear, widen_bf16_linears, widening_pays
 
 TOKENS = list(range(32, 112))
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.engine.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
 from tests.observability.live_stack import LiveStack, ScrapeTarget, live_stack, wait_until
 from tests.server.live_server import LiveServer, start_server
 

@@ -128,7 +128,7 @@ def test_a_token_file_others_can_read_is_warned_about(
     token = tmp_path / "token"
     token.write_text("secret\n")
     token.chmod(mode)
-    with caplog.at_level(logging.WARNING, logger="kvtune.engine.admin"):
+    with caplog.at_level(logging.WARNING, logger="kvtune.engine.http.admin"):
         assert read_token_file(token) == "secret"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -139,7 +139,7 @@ def test_a_private_token_file_is_not_warned_about(tmp_path: Path, caplog: pytest
     token = tmp_path / "token"
     token.write_text("secret\n")
     token.chmod(0o600)
-    with caplog.at_level(logging.WARNING, logger="kvtune.engine.admin"):
+    with caplog.at_level(logging.WARNING, logger="kvtune.engine.http.admin"):
         assert read_token_file(token) == "secret"
     assert token_file_exposure(token) is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from kvtune.cli import main
-from kvtune.engine import serve
-from kvtune.engine.engine import LLMEngine
+from kvtune.engine import command as serve
+from kvtune.engine.loop.llm_engine import LLMEngine
 from tests.server.live_server import LiveServer
 
 

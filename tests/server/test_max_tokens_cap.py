@@ -13,7 +13,7 @@ import pytest
 
 from kvtune.contract.admin import CAP_HEADER
 from kvtune.contract.metrics import CAPPED_LABELS
-from kvtune.engine.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
+from kvtune.engine.http.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, Samples, scrape
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

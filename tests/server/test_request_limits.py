@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.engine import serve
+from kvtune.engine import command as serve
 from kvtune.errors import KvtuneError
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, MAX_JSON_DEPTH
 from tests.server.live_server import ADMIN_TOKEN, LiveServer

@@ -6,7 +6,7 @@ import bisect
 import itertools
 import random
 
-from kvtune.engine.metrics import size_buckets
+from kvtune.engine.http.metrics import size_buckets
 from kvtune.operator.decide.sample import Histogram
 from kvtune.operator.decide.window import histogram_quantile
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from kvtune.contract.admin import CapSetting
-from kvtune.engine.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
 from tests.sglang.stand_in import SGLangStandIn
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from kvtune.core import Request, Scheduler
 from kvtune.core.request import FinishReason
-from kvtune.engine.detokenize import Decoder, IncrementalText
-from kvtune.engine.sampling import SamplingParams
+from kvtune.engine.loop.detokenize import Decoder, IncrementalText
+from kvtune.engine.model.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

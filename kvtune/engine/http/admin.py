@@ -14,8 +14,8 @@ from collections.abc import Callable
 from fastapi import APIRouter
 
 from kvtune.contract.admin import AdminBounds, AdminConfig, AdminConfigPatch
-from kvtune.engine.async_engine import AsyncEngine, EngineDeadError
-from kvtune.engine.engine import LLMEngine
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.loop.thread import AsyncEngine, EngineDeadError
 from kvtune.front.admin import admin_router
 from kvtune.front.body import read_json
 from kvtune.front.errors import ApiError

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvtune.engine.serving_dtype import BF16_CPU_FLAG
+from kvtune.engine.model.serving_dtype import BF16_CPU_FLAG
 
 NATIVE_BF16_FLAGS = frozenset({BF16_CPU_FLAG, "amx_bf16"})
 

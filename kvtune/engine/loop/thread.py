@@ -19,8 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from kvtune.engine.engine import EngineCounters, FinishedStats, LLMEngine, RequestOutput
-from kvtune.engine.sampling import SamplingParams
+from kvtune.engine.loop.llm_engine import EngineCounters, FinishedStats, LLMEngine, RequestOutput
+from kvtune.engine.model.sampling import SamplingParams
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.contract.metrics import CAPPED_LABELS
-from kvtune.engine.async_engine import EngineStats
-from kvtune.engine.engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
+from kvtune.engine.loop.llm_engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
+from kvtune.engine.loop.thread import EngineStats
 from kvtune.front.prefix_report import PrefixDefeatCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from kvtune.engine.config import ModelConfig, parse_model_config
+from kvtune.engine.model.model_config import ModelConfig, parse_model_config
 from kvtune.errors import KvtuneError
 from kvtune.front.text.hf_files import read_json, token_ids
 

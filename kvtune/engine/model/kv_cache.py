@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
-from kvtune.engine.config import ModelConfig
+from kvtune.engine.model.model_config import ModelConfig
 from kvtune.errors import KvtuneError
 from kvtune.kernels import cache_dtype_name, kv_bytes_per_token, resolve_cache_dtype
 from kvtune.kernels.cache_alloc import allocate_kv_cache

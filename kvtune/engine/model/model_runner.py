@@ -15,15 +15,15 @@ from pathlib import Path
 
 import torch
 
-from kvtune.engine.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine.checkpoint import open_checkpoint
-from kvtune.engine.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from kvtune.engine.kv_cache import KVCache
-from kvtune.engine.logprobs import TokenLogprobs, sampled_logprobs
-from kvtune.engine.model import load_model
-from kvtune.engine.sampling import Sampler, SamplingParams
-from kvtune.engine.serving_dtype import choose_dtype, cpu_flags
-from kvtune.engine.widened_linear import widen_bf16_linears, widening_pays
+from kvtune.engine.model.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.logprobs import TokenLogprobs, sampled_logprobs
+from kvtune.engine.model.model import load_model
+from kvtune.engine.model.sampling import Sampler, SamplingParams
+from kvtune.engine.model.serving_dtype import choose_dtype, cpu_flags
+from kvtune.engine.model.widened_linear import widen_bf16_linears, widening_pays
 from kvtune.errors import KvtuneError
 
 logger = logging.getLogger(__name__)

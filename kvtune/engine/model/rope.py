@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from kvtune.engine.config import RopeConfig
+from kvtune.engine.model.model_config import RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:

@@ -19,13 +19,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from kvtune.core.allocators import POLICIES
-from kvtune.engine.async_engine import AsyncEngine
-from kvtune.engine.engine import LLMEngine
-from kvtune.engine.engine_config import EngineConfig
-from kvtune.engine.memory_report import start_tracing_from_env
-from kvtune.engine.onednn_caches import bound_onednn_caches
-from kvtune.engine.server import build_admin_app, build_app
-from kvtune.engine.tiny_model import write_tiny_model
+from kvtune.engine.http.app import build_admin_app, build_app
+from kvtune.engine.http.memory_report import start_tracing_from_env
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.loop.thread import AsyncEngine
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.onednn_caches import bound_onednn_caches
+from kvtune.engine.model.tiny_model import write_tiny_model
 from kvtune.errors import KvtuneError
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.front.flags import (
@@ -38,7 +38,7 @@ from kvtune.front.flags import (
     serve,
 )
 
-logger = logging.getLogger("kvtune.engine.serve")
+logger = logging.getLogger("kvtune.engine.command")
 
 
 def tiny_model_dir() -> Path:

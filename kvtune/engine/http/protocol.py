@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from kvtune.engine.sampling import SamplingParams
+from kvtune.engine.model.sampling import SamplingParams
 
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 MAX_CHAT_TOP_LOGPROBS = 20

@@ -36,14 +36,14 @@ from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
 from kvtune.core.accounting import tokens_held
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.core.request import FinishReason, RequestStatus
-from kvtune.engine.attention_metadata import ScheduledChunk
-from kvtune.engine.choices import PendingChoices, choice_id
-from kvtune.engine.engine_config import EngineConfig
-from kvtune.engine.kv_cache import KVCache
-from kvtune.engine.logprobs import TokenLogprobs
-from kvtune.engine.model_runner import ModelRunner
-from kvtune.engine.sampling import SamplingParams
-from kvtune.engine.stops import StopChecker
+from kvtune.engine.loop.forks import PendingChoices, choice_id
+from kvtune.engine.loop.stops import StopChecker
+from kvtune.engine.model.attention_metadata import ScheduledChunk
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.logprobs import TokenLogprobs
+from kvtune.engine.model.model_runner import ModelRunner
+from kvtune.engine.model.sampling import SamplingParams
 from kvtune.front.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)

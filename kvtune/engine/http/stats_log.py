@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 
-from kvtune.engine.async_engine import AsyncEngine, EngineStats
+from kvtune.engine.loop.thread import AsyncEngine, EngineStats
 
 logger = logging.getLogger("kvtune.engine.stats")
 

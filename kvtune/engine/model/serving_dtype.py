@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from kvtune.engine.config import MODEL_DTYPES
+from kvtune.engine.model.model_config import MODEL_DTYPES
 
 BF16_CPU_FLAG = "avx512_bf16"
 

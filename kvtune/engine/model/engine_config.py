@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kvtune.contract.knobs import CAP_MODES, CapMode
 from kvtune.core.allocators import POLICIES
 from kvtune.core.geometry import KERNEL_BLOCK_MULTIPLE, check_block_size
-from kvtune.engine.config import MODEL_DTYPES
+from kvtune.engine.model.model_config import MODEL_DTYPES
 from kvtune.errors import KvtuneError
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # vLLM's CPU build defaults to a fixed KV space too (VLLM_CPU_KVCACHE_SPACE)

@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvtune.engine.attention_metadata import AttentionMetadata
-from kvtune.engine.checkpoint import open_checkpoint
-from kvtune.engine.config import ModelConfig
-from kvtune.engine.kv_cache import KVCache
-from kvtune.engine.rope import RotaryTable, apply_rotary
-from kvtune.engine.weight_names import checkpoint_names, gather_parameters
+from kvtune.engine.model.attention_metadata import AttentionMetadata
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model_config import ModelConfig
+from kvtune.engine.model.rope import RotaryTable, apply_rotary
+from kvtune.engine.model.weight_names import checkpoint_names, gather_parameters
 from kvtune.kernels.backends import Backend, resolve_backend
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvtune.engine.logprobs import MAX_TOP_LOGPROBS
+from kvtune.engine.model.logprobs import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 16
 # Below this temperature sampling is argmax (vLLM's _SAMPLING_EPS); dividing by it would overflow to inf/nan.

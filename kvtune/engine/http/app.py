@@ -13,19 +13,22 @@ from fastapi.responses import JSONResponse, Response
 
 from kvtune.contract.admin import ADMIN_CONFIG_PATH, AdminConfigPatch
 from kvtune.contract.prefix_report import REPORT_PATH
-from kvtune.engine.admin import build_admin_router
-from kvtune.engine.async_engine import AsyncEngine
-from kvtune.engine.memory_report import MEMORY_PATH, memory_report, tracing_frames
-from kvtune.engine.metrics import CONTENT_TYPE, EngineMetrics
-from kvtune.engine.openai_serving import ClientGoneError, OpenAIServing
-from kvtune.engine.openapi_schema import OPENAPI_URL, install_openapi
-from kvtune.engine.protocol import (
+from kvtune.engine.http import chat as chat_endpoint
+from kvtune.engine.http import completions as completions_endpoint
+from kvtune.engine.http.admin import build_admin_router
+from kvtune.engine.http.memory_report import MEMORY_PATH, memory_report, tracing_frames
+from kvtune.engine.http.metrics import CONTENT_TYPE, EngineMetrics
+from kvtune.engine.http.openapi_schema import OPENAPI_URL, install_openapi
+from kvtune.engine.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
     ModelList,
 )
-from kvtune.engine.stats_log import log_stats_forever
+from kvtune.engine.http.serving import OpenAIServing
+from kvtune.engine.http.stats_log import log_stats_forever
+from kvtune.engine.http.streaming import ClientGoneError
+from kvtune.engine.loop.thread import AsyncEngine
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, install_error_handlers
 from kvtune.front.prefix_report import prefix_report
@@ -80,11 +83,11 @@ def build_app(
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await serving.completions(request)
+        return await completions_endpoint.create(serving, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await serving.chat_completions(request)
+        return await chat_endpoint.create(serving, request)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvtune.engine.logprobs import TokenLogprobs
-from kvtune.engine.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from kvtune.engine.http.protocol import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from kvtune.engine.model.logprobs import TokenLogprobs
 from kvtune.front.text.tokenizer import TextTokenizer
 
 
