@@ -33,7 +33,7 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 def write_outputs(timeline: Timeline, out_dir: Path) -> Path:
     """timeline.json always (the run's raw record); the report from kvtune.demo.report."""
     (out_dir / "timeline.json").write_text(json.dumps(timeline.to_json(), indent=2) + "\n")
-    from kvtune.demo.report import write_report  # type: ignore[import-not-found,unused-ignore]
+    from kvtune.demo.report import write_report  # matplotlib: loaded only when a report is written
 
     path: Path = write_report(timeline, out_dir)
     return path

@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         return uninstall.run(args.namespace, args.timeout)
     if not args.local:
         return run_in_cluster(args)
-    from kvtune.operator.io.local_metrics import LocalRecorder  # loads policy_tick, hence kopf: only when run
+    from kvtune.operator.io.local_metrics import LocalRecorder  # prometheus_client's registry: only when run
 
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")

@@ -32,11 +32,11 @@ import torch
 
 from kvtune.contract.admin import CapSetting
 from kvtune.contract.knobs import CAP_MODES, CapMode
-from kvtune.core import Request, Scheduler, SchedulerConfig, make_allocator
+from kvtune.core import Request, Sampled, Scheduler, SchedulerConfig, make_allocator, samples_now
 from kvtune.core.accounting import tokens_held
+from kvtune.core.forks import PendingChoices, choice_id
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
 from kvtune.core.request import FinishReason, RequestStatus
-from kvtune.engine.loop.forks import PendingChoices, choice_id
 from kvtune.engine.loop.stops import StopChecker
 from kvtune.engine.model.attention_metadata import ScheduledChunk
 from kvtune.engine.model.engine_config import EngineConfig
@@ -344,18 +344,10 @@ class LLMEngine:
         for i, err in faults.items():
             logger.error("the forward pass of %s failed", reqs[i].request_id, exc_info=err)
         failed_clients = {self._tracks[reqs[i].request_id].client_id: err for i, err in faults.items()}
-        for i in faults:
-            # Its chunk's KV was never written: no later request may take those blocks as a prefix hit.
-            self.allocator.withdraw_unwritten(reqs[i], reqs[i].num_computed_tokens - counts[i])
+        sched.withdraw_faulted((reqs[i], counts[i]) for i in faults)
         for client_id, err in failed_clients.items():
             outputs += self.fail_request(client_id, err, "forward")
-        rows = [
-            i
-            for i, req in enumerate(reqs)
-            if i not in faults
-            and req.status is RequestStatus.RUNNING
-            and req.num_computed_tokens == req.num_tokens
-        ]
+        rows = [i for i, req in enumerate(reqs) if i not in faults and samples_now(req)]
         sampling = [reqs[i] for i in rows]
         rows += [rows[parent] for parent in self._choices.fork(sched, sampling)]
         tracks = [self._tracks[r.request_id] for r in sampling]
@@ -489,7 +481,9 @@ class LLMEngine:
         elif track.last_token_at is not None:
             self._itl.append(now - track.last_token_at)
         track.last_token_at = now
-        outcome = track.stops.append(self.scheduler, req, token)
+        stop_token = track.stops.is_stop(token)
+        done = bool(self.scheduler.update_from_output([Sampled(req, token, stop_token)]))
+        outcome = track.stops.text_after(self.scheduler, req, stop_token, done)
         done = outcome.finished
         return RequestOutput(
             request_id=track.client_id,

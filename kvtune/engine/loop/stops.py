@@ -1,8 +1,9 @@
 """When an output ends: EOS, stop_token_ids, stop strings and max_tokens, all decided here.
 
-The scheduler of kvtune.core ends a request (and frees its blocks) on what it can count: a stop token or
-max_tokens. Only the engine sees text, so stop strings are found here, in the detokenized output, and they
-outrank max_tokens (vLLM checks them first): the finish reason is "stop" either way.
+The scheduler of kvtune.core ends a request (and frees its blocks) on what it can count, in
+`update_from_output`: a stop token (said here, `is_stop`) or max_tokens. Only the engine sees text, so stop
+strings are found here, in the detokenized output, and they outrank max_tokens (vLLM checks them first):
+the finish reason is "stop" either way.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ class StopChecker:
         )
         self.text = IncrementalText(decode, params.stop)
 
-    def append(self, scheduler: Scheduler, req: Request, token: int) -> TokenOutcome:
-        """Record `token` as `req`'s next output token and end `req` if any stop condition is met."""
-        stop_token = token in self.stop_token_ids
-        done = scheduler.append_token(req, token, eos=stop_token)
+    def is_stop(self, token: int) -> bool:
+        """EOS (unless ignored) or one of the request's stop_token_ids."""
+        return token in self.stop_token_ids
+
+    def text_after(self, scheduler: Scheduler, req: Request, stop_token: bool, done: bool) -> TokenOutcome:
+        """The text `req`'s last appended token adds (`done`: the scheduler ended it), ending `req` on a stop
+        string."""
         visible = req.output_token_ids[:-1] if stop_token else req.output_token_ids
         new_text = self.text.update(visible, final=done)
         if self.text.stopped_by is not None:

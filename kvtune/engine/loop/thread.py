@@ -183,7 +183,7 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """Serve an LLMEngine to asyncio code: `generate()` streams outputs, `call()` runs code on its thread."""
+    """Serve an LLMEngine to asyncio code: `add_request()` returns a stream of outputs, `call()` runs code on its thread."""
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
         """`max_waiting_requests`: None bounds the queue at DEFAULT_WAITING_PER_SEQ x the boot max_num_seqs,

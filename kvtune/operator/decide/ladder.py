@@ -209,9 +209,8 @@ def probe_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
 
     The first cut (pooled p95) is on the safe side, since residents are part-way through their generations
     and hold less than their full footprint. Creeping back up one seat at a time on sampled KV headroom took
-    a noisy while to happen or not (issue 15: 48 -> 11, then 11 -> 12 in the seventh evaluation window,
-    against a sweep-best of 13; a rerun raised at 31 s); pool / mean footprint was 13 there and 9, the
-    sweep-best, on the benchmark's first workload. A probe that
+    a noisy while to happen or not, where pool / mean footprint landed on the sweep-best value at once
+    (BENCHMARKS.md, the tuner sections). A probe that
     preempts is rolled back and its value is not tried again for `unsafe_memory_s`."""
     current = engine.max_num_seqs
 

@@ -418,8 +418,8 @@ def decide(
         if not d.saturated and not pool_binds(d, engine):
             return Decision(d, note="stable"), state
         if state.rung is None and d.window_seconds < policy.evaluation_window_s:
-            # "no preemption" from a second or two of a full pool is a gap between bursts, not evidence:
-            # the demo's operator, started on a preempting engine, flagged the prefix before capping
+            # "no preemption" from a second or two of a full pool is a gap between bursts, not evidence: an
+            # operator started on a preempting engine would flag the prefix before it ever capped
             return Decision(
                 d, note="a full pool: gathering an evaluation window before walking the ladder"
             ), state

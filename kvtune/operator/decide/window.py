@@ -107,10 +107,6 @@ class Window:
         values = self.gauge_values(name)
         return max(values) if values else None
 
-    def gauge_latest(self, name: str) -> float | None:
-        values = self.gauge_values(name)
-        return values[-1] if values else None
-
     def histogram_delta(self, name: str) -> Histogram | None:
         """Observations that landed in histogram `name` during the window, bucket-wise, inside one process
         at a time as `increase` counts them."""
