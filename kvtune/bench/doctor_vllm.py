@@ -33,8 +33,6 @@ from typing import Any
 import httpx
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
-from kvtune.bench.load import BatchSpec, LoadResult, run_batch
-from kvtune.bench.scrape import metric_totals
 from kvtune.bench.vllm_cpu import (
     DEFAULT_VENV_DIR,
     VllmServerConfig,
@@ -43,6 +41,8 @@ from kvtune.bench.vllm_cpu import (
     start_server,
 )
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, LoadResult, run_batch
+from kvtune.harness.scrape import metric_totals
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import plan
 from kvtune.operator.decide.policy import TuningPolicy

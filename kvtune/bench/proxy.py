@@ -41,12 +41,13 @@ from typing import Any
 
 import httpx
 
-from kvtune.bench.engine import SERVED_MODEL_NAME, KvtuneServer, default_model_dir, ensure_model
-from kvtune.bench.load import BatchSpec, batch_bodies
-from kvtune.bench.local_http import free_port
-from kvtune.bench.scrape import metric_totals
+from kvtune.bench.engine import SERVED_MODEL_NAME, default_model_dir, ensure_model
 from kvtune.contract.prefix_report import REPORT_PATH
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, batch_bodies
+from kvtune.harness.local_http import free_port
+from kvtune.harness.scrape import metric_totals
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.io.prefix_report import entry_line
 
 SECTION = "proxy-vs-direct"
@@ -439,7 +440,7 @@ def running_proxy(
         sys.executable, "-m", "kvtune.cli", "proxy", "--upstream", upstream, "--model-dir", str(model_dir),
         "--block-size", str(block_size), "--port", str(port),
     ]  # fmt: skip
-    with KvtuneServer(argv, port, log_path, name="kvtune proxy") as proxy:
+    with ServerProcess(argv, port, log_path, name="kvtune proxy") as proxy:
         proxy.wait_ready(timeout_s)
         yield proxy.url
 
@@ -522,7 +523,7 @@ def running_relay(upstream: str, log_path: Path, timeout_s: float) -> Iterator[s
     port = free_port()
     hostport = upstream.removeprefix("http://").rstrip("/")
     argv = [sys.executable, "-m", "kvtune.bench.tcp_relay", str(port), hostport]
-    with KvtuneServer(argv, port, log_path, name="the TCP relay") as relay:
+    with ServerProcess(argv, port, log_path, name="the TCP relay") as relay:
         relay.wait_ready(timeout_s)  # /health passes through to the upstream
         yield relay.url
 

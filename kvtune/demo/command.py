@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from kvtune.demo.engine import check_port_free, free_port
+from kvtune.demo.engine import check_port_free
 from kvtune.demo.report_summary import figures_line
 from kvtune.demo.run import FULL, QUICK, Demo
 from kvtune.demo.timeline import Timeline
 from kvtune.demo.view import LiveView
+from kvtune.harness.local_http import free_port
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

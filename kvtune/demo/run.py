@@ -22,7 +22,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from kvtune.bench.load import BackgroundLoad, Failure, failure_cause
 from kvtune.contract import metrics as m
 from kvtune.contract.prefix_report import report_url
 from kvtune.demo.engine import Engine, EngineSpec
@@ -38,6 +37,7 @@ from kvtune.demo.workload import (
     shared_prompt,
 )
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BackgroundLoad, Failure, failure_cause
 from kvtune.operator.decide.loop import run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.sample import NoData, Sample

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.load import BatchSpec, batch_bodies
-from kvtune.bench.scrape import PREEMPTIONS_METRIC, metric_totals
 from kvtune.bench.vllm_cpu import (
     VllmServer,
     VllmServerConfig,
@@ -22,6 +20,8 @@ from kvtune.bench.vllm_cpu import (
     parse_kv_cache_tokens,
 )
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, batch_bodies
+from kvtune.harness.scrape import PREEMPTIONS_METRIC, metric_totals
 
 TINY_CONFIG = {
     "num_hidden_layers": 4,

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from kvtune.bench.engine_process import EngineProcess
+from kvtune.harness.engine_process import EngineProcess
 from kvtune.operator.k8s.kube_api import KubeApi
 from kvtune.operator.k8s.workload_actuator import CHANGE_CAUSE, WorkloadArgsActuator, read_flag
 from kvtune.operator.k8s.workload_watch import REVERTS_TOLERATED

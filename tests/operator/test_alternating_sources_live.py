@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.contract.metrics import PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.loop import Tick, hold_seconds, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy

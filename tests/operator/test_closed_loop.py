@@ -18,9 +18,9 @@ from itertools import pairwise
 
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.ladder import plan

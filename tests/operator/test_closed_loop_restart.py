@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.io.actuators import KvtuneAdminActuator

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvtune.bench.load import BatchSpec, run_batch
 from kvtune.cli import main
 from kvtune.engine.model.tiny_model import write_tiny_model
+from kvtune.harness.load import BatchSpec, run_batch
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.ladder import lower_max_num_seqs

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine
-from kvtune.bench.local_http import free_port
 from kvtune.front.flags import read_token_file, token_file_exposure
+from kvtune.harness.engine_process import EngineProcess, start_engine
+from kvtune.harness.local_http import free_port
 from tests.server.live_server import ADMIN_TOKEN, LiveServer
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

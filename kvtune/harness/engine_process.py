@@ -4,11 +4,11 @@ reaches engines over HTTP only, so it starts one the same way a user would."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtune.bench.local_http import free_port, wait_for
+from kvtune.harness.local_http import free_port, wait_for
+from kvtune.harness.server import cli_argv
 
 ENGINE_THREADS = 1  # torch threads of each started engine: several engines and a load share a small machine
 
@@ -28,12 +28,8 @@ class EngineProcess:
             self.process.wait(5)
 
 
-def kvtune_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kvtune.cli", *args]
-
-
 def write_tiny_model(folder: Path) -> Path:
-    subprocess.run(kvtune_command("tiny-model", str(folder)), check=True, capture_output=True)
+    subprocess.run(cli_argv("tiny-model", str(folder)), check=True, capture_output=True)
     return folder
 
 
@@ -50,7 +46,7 @@ def start_engine(
     (default: a free one; pass the old one to restart an engine where its clients expect it) on `host` (an
     address of its own: the pods of one Service share a port, each on its own address)."""
     port = port or free_port()
-    command = kvtune_command(
+    command = cli_argv(
         "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--host", host, "--port", str(port),
         "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
     )  # fmt: skip

@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from kvtune.bench.scrape import counter_delta, preemption_delta, scrape_totals
 from kvtune.contract.metrics import DETECTOR_SECONDS
+from kvtune.harness.scrape import counter_delta, preemption_delta, scrape_totals
 
 Body = dict[str, Any]
 _ERROR_CHARS = 200
