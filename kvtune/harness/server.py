@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 from kvtune.errors import KvtuneError
 from kvtune.harness.local_http import health_ok
@@ -42,7 +43,7 @@ class ServerProcess:
 
     def __init__(
         self, argv: list[str], port: int, log_path: Path, name: str = "kvtune serve", append: bool = False,
-        header: bool = True,
+        header: bool = True, env: dict[str, str] | None = None, poll_s: float = 0.5,
     ) -> None:  # fmt: skip
         self.name = name  # what error messages call it (the proxy bench starts kvtune proxy and a relay too)
         self.port = port
@@ -57,8 +58,10 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=env,
                 start_new_session=True,
             )
+        self.poll_s = poll_s  # how often readiness is asked
 
     @property
     def url(self) -> str:
@@ -80,7 +83,7 @@ class ServerProcess:
                 raise KvtuneError(
                     f"{self.name} not ready after {timeout_s:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
                 )
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the group, SIGKILL after `grace_s`; then SIGKILL to whatever the server left in it."""
@@ -93,7 +96,7 @@ class ServerProcess:
                 self.process.wait(timeout=grace_s)
         signal_group(self.process.pid, signal.SIGKILL)
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
