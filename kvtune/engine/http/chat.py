@@ -48,10 +48,10 @@ async def create(serving: OpenAIServing, request: Request) -> Response:
     newer = body.max_completion_tokens is not None
     requested = body.max_completion_tokens if newer else body.max_tokens
     param = "max_completion_tokens" if newer else "max_tokens"
-    choice = serving.max_tokens(requested, len(prompt_ids), param)
-    stream = await serving.start("chatcmpl", prompt_ids, body, choice, request)
+    cap = serving.max_tokens(requested, len(prompt_ids), param)
+    stream = await serving.start("chatcmpl", prompt_ids, body, cap, request)
     if body.stream:
-        return event_stream(events(serving, stream, body.include_usage, bool(body.logprobs)), choice.headers)
+        return event_stream(events(serving, stream, body.include_usage, bool(body.logprobs)), cap.headers)
     choices = await serving.collect(request, stream, body.n)
     return JSONResponse(
         ChatCompletionResponse(
@@ -68,7 +68,7 @@ async def create(serving: OpenAIServing, request: Request) -> Response:
             ],
             usage=choices.usage(),
         ).model_dump(),
-        headers=choice.headers,
+        headers=cap.headers,
     )
 
 

@@ -54,13 +54,13 @@ async def create(serving: OpenAIServing, request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
     serving.check_model(body.model)
     prompt_ids = await serving.tokenize(tokenized_prompt, serving, body.prompt)
-    choice = serving.max_tokens(body.max_tokens, len(prompt_ids), "max_tokens")
-    stream = await serving.start("cmpl", prompt_ids, body, choice, request)
+    cap = serving.max_tokens(body.max_tokens, len(prompt_ids), "max_tokens")
+    stream = await serving.start("cmpl", prompt_ids, body, cap, request)
     request_id = stream.request_id
     echo = echo_text(serving, body.prompt) if body.echo else ""
     wants_logprobs = body.logprobs is not None
     if body.stream:
-        return event_stream(events(serving, stream, body.include_usage, echo, wants_logprobs), choice.headers)
+        return event_stream(events(serving, stream, body.include_usage, echo, wants_logprobs), cap.headers)
     choices = await serving.collect(request, stream, body.n)
     return JSONResponse(
         CompletionResponse(
@@ -79,7 +79,7 @@ async def create(serving: OpenAIServing, request: Request) -> Response:
             ],
             usage=choices.usage(),
         ).model_dump(),
-        headers=choice.headers,
+        headers=cap.headers,
     )
 
 

@@ -17,7 +17,7 @@ from kvtune.front.max_tokens_cap import apply_max_tokens_cap
 
 
 @dataclass(frozen=True)
-class MaxTokensChoice:
+class CapDecision:
     """What to run with, how to count it, and the header that tells the client (empty when untouched)."""
 
     max_tokens: int
@@ -36,7 +36,7 @@ class MaxTokensOverCapError(Exception):
 
 def choose_max_tokens(
     requested: int | None, prompt_len: int, max_model_len: int, cap: int | None, mode: CapMode
-) -> MaxTokensChoice:
+) -> CapDecision:
     """The request's max_tokens under the cap; raises MaxTokensOverCapError when the cap refuses it."""
     decision = apply_max_tokens_cap(requested, cap, mode)
     if decision.error is not None:
@@ -47,4 +47,4 @@ def choose_max_tokens(
     else:
         max_tokens = requested if decision.max_tokens is None else decision.max_tokens
     headers = {CAP_HEADER: decision.header} if decision.header is not None else {}
-    return MaxTokensChoice(max_tokens, decision.counted_as, headers)
+    return CapDecision(max_tokens, decision.counted_as, headers)

@@ -24,7 +24,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from kvtune.engine.http.openai_logprobs import LogprobsFormatter
-from kvtune.engine.http.request_max_tokens import MaxTokensChoice, MaxTokensOverCapError, choose_max_tokens
+from kvtune.engine.http.request_max_tokens import CapDecision, MaxTokensOverCapError, choose_max_tokens
 from kvtune.engine.http.streaming import ChoiceTexts, unless_disconnected
 from kvtune.engine.loop.thread import (
     AsyncEngine,
@@ -109,7 +109,7 @@ class OpenAIServing:
         if counted_as is not None and self.on_capped is not None:
             self.on_capped(counted_as)
 
-    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> MaxTokensChoice:
+    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> CapDecision:
         """The request's max_tokens under the live cap (None asked: up to the context length, as in vLLM).
         The engine replaces its CapSetting whole, so this one read sees a consistent cap and mode."""
         setting = self.async_engine.engine.cap_setting
@@ -127,11 +127,11 @@ class OpenAIServing:
         return value[:MAX_PREFIX_KEY_CHARS] or None
 
     async def start(
-        self, prefix: str, prompt_ids: list[int], body: Any, choice: MaxTokensChoice, request: Request
+        self, prefix: str, prompt_ids: list[int], body: Any, cap: CapDecision, request: Request
     ) -> RequestStream:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
-            params = body.sampling_params(choice.max_tokens)
+            params = body.sampling_params(cap.max_tokens)
             stream = await self.async_engine.add_request(
                 request_id,
                 prompt_ids,
@@ -149,7 +149,7 @@ class OpenAIServing:
         except Exception as err:  # a bug met while queueing: fail this request (a fault, not overload)
             logger.exception("the engine could not queue %s", request_id)
             raise ApiError(500, f"the engine could not accept this request: {err}") from None
-        self._count_capped(choice.counted_as)
+        self._count_capped(cap.counted_as)
         return stream
 
     async def collect(self, request: Request, stream: RequestStream, n: int) -> ChoiceTexts:

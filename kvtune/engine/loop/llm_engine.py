@@ -99,7 +99,7 @@ class EngineCounters:
 
 
 @dataclass
-class _Track:
+class SequenceState:
     """Engine-side state of one scheduled sequence."""
 
     client_id: str
@@ -152,7 +152,7 @@ class LLMEngine:
             else None
         )
         self.counters = EngineCounters()
-        self._tracks: dict[str, _Track] = {}
+        self._tracks: dict[str, SequenceState] = {}
         self._choices = PendingChoices()
         self._finished_stats: list[FinishedStats] = []
         self._itl: list[float] = []
@@ -237,7 +237,9 @@ class LLMEngine:
             generator = torch.Generator(device="cpu")
             generator.manual_seed(params.seed + index)
         stops = StopChecker(params, self._eos, self.tokenizer.decode)
-        self._tracks[rid] = _Track(client_id, index, params, generator, stops, arrival, prefix_key=prefix_key)
+        self._tracks[rid] = SequenceState(
+            client_id, index, params, generator, stops, arrival, prefix_key=prefix_key
+        )
         return req
 
     def abort_request(self, request_id: str) -> None:
@@ -473,7 +475,12 @@ class LLMEngine:
             self._tracks.pop(child.request_id, None)
 
     def _append(
-        self, req: Request, track: _Track, token: int, now: float, logprobs: TokenLogprobs | None = None
+        self,
+        req: Request,
+        track: SequenceState,
+        token: int,
+        now: float,
+        logprobs: TokenLogprobs | None = None,
     ) -> RequestOutput:
         self.counters.generation_tokens += 1
         if track.first_token_at is None:
@@ -505,7 +512,7 @@ class LLMEngine:
                 self._record_finished(req, track)
         return outputs
 
-    def _record_finished(self, req: Request, track: _Track, reason: str | None = None) -> None:
+    def _record_finished(self, req: Request, track: SequenceState, reason: str | None = None) -> None:
         if reason is None:
             reason = req.finish_reason.value if req.finish_reason else FinishReason.ABORT.value
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1

@@ -1,8 +1,10 @@
 """LLMEngine on one background thread, with asyncio streams per request for the HTTP server.
 
-The engine is not thread-safe, so only its own thread ever touches it: the server submits commands (add,
+The engine is not thread-safe, so only its own thread changes it: the server submits commands (add,
 abort, reconfigure) to a queue that the thread drains between steps, and the thread hands each step's
-outputs back to the event loop with `call_soon_threadsafe`. torch releases the GIL during a forward pass,
+outputs back to the event loop with `call_soon_threadsafe`. The HTTP layer does read a few engine fields
+from the event loop (the model name, max_model_len, the tokenizer, `cap_setting`): the first are fixed after
+boot and `cap_setting` is replaced whole, never mutated, so a read never sees half of one. torch releases the GIL during a forward pass,
 so the event loop stays responsive while a batch runs. When there is no work the thread sleeps on an event
 instead of spinning.
 """

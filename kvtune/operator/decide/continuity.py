@@ -14,7 +14,7 @@ with the process the operator follows:
   of work that never happened, and an operator that lowers on such evidence ratchets its values down.
 The operator drops its samples at a restart or an alternation, never keeps a sample that sits below the
 followed process's marks, and acts only once the source has answered from one process for a while
-(`Continuity.holding`, used by `local.step`).
+(`Continuity.holding`, used by `loop.step`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and whether its KV pool changed.
 
 A restarted engine forgot every knob the operator set (it is back at its flags), and its counters count
 from zero, so samples from before the restart describe another process: the operator drops them and
-re-applies its desired values at once (see `local.step`). Telling a restart from a source that alternates
+re-applies its desired values at once (see `loop.step`). Telling a restart from a source that alternates
 between processes is `continuity.judge`'s job; `engine_restarted` asks it about two samples.
 """
 

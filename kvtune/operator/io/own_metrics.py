@@ -6,7 +6,7 @@ counter; the `KVTuneOperatorCannotAct` alert reads the error and no-data counter
 the last evaluation against the interval, and `KVTuneOperatorDown` the absence of `kvtune_operator_info`,
 which every running operator exports from its start, policies or not.
 
-The tuner and the ladder stay pure: the loop's edges (policy_tick for kopf, local_metrics for --local) turn
+The tuner and the ladder stay pure: the loop's edges (k8s.reconcile for kopf, io.local_metrics for --local) turn
 each tick into an `Evaluation` with `evaluation_of` and hand it to `OperatorMetrics.record`. The registry is
 the operator's own, served by prometheus_client's small HTTP server, so no web framework rides along.
 """

@@ -1,6 +1,6 @@
 """The kopf handlers: thin. One daemon per KVTuningPolicy acts as its timer (the interval comes from the
 policy's spec and may change while it runs, which a kopf timer's fixed interval cannot follow); each tick
-runs `policy_tick.run_once` in a worker thread. One Kubernetes client serves the whole process: made at
+runs `reconcile.run_once` in a worker thread. One Kubernetes client serves the whole process: made at
 startup, kept in kopf's memo, closed at cleanup. The memo also holds the operator's own metrics
 (`memo.operator_metrics`, served by `kvtune operator --metrics-port`): every tick records into them, a
 failed one counts as an error, and a policy's series go when its daemon stops. The memo also holds the
