@@ -1,24 +1,17 @@
-"""The engine loop: kvtune.core's scheduler and block pool driving a real model over the paged KV cache.
+"""The engine loop: kvtune.core's scheduler driving a real model over the paged KV cache (the steps of one
+request: ARCHITECTURE.md). The engine keeps the requests, their outputs, stops and stats; the ModelRunner
+owns the model, the cache and the kernels.
 
-The engine keeps the requests, their outputs, stops and stats; the ModelRunner owns the model, the cache and
-the kernels. One `step()` asks the scheduler for a batch, has the runner apply any copy-on-write block copies
-and run one forward pass over every scheduled chunk (decodes first, then prefill chunks), samples a token
-for each sequence whose known tokens are all computed, and reports what each request gained. Preempted requests keep the tokens they
-already streamed and recompute prompt + output on readmission (vLLM V1), so no client sees a token twice.
-
-No request can fail another. The per-request parts of a step (sampling, stop checks, detokenizing) run
-per request, so an exception there fails that request alone. A forward pass that raises is retried once
-per scheduled sequence, alone: the sequences whose solo pass works go on with those logits (re-running a
-chunk rewrites the same cache slots with the same values, and `schedule()` already advanced
-`num_computed_tokens` for exactly that chunk), and only those whose solo pass raises too are failed, their
-blocks freed and withdrawn from the prefix cache (their KV was never written). A failed request ends with
-finish reason "error" (vLLM's FinishReason.ERROR), apart from client aborts.
+No request can fail another: the per-request parts of a step (sampling, stop checks, detokenizing) fail
+that request alone, and a forward pass that raises is retried once per scheduled sequence, alone (re-running
+a chunk rewrites the same cache slots with the same values); only a sequence whose solo pass raises too is
+failed, its blocks freed and withdrawn from the prefix cache. A failed request ends with finish reason
+"error" (vLLM's FinishReason.ERROR), apart from client aborts.
 
 The engine holds the live max_tokens cap (`cap_setting`, which the admin API changes) but does not apply
 it: the HTTP layer decides every request's max_tokens through `core.max_tokens_cap`, the one function the
-proxy uses too, so a capped request gets its response header and its count in one place. A direct engine
-user gets exactly the max_tokens it passes. The prefix-defeat detector, when on, sees each request's prompt
-once, at its first admission, with the prefix-cache hit the scheduler really found.
+proxy uses too. The prefix-defeat detector, when on, sees each prompt once, at its first admission, with
+the prefix-cache hit the scheduler really found.
 """
 
 from __future__ import annotations
