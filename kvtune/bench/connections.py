@@ -22,9 +22,10 @@ from pathlib import Path
 import httpx
 
 from kvtune.bench.connection_probes import idle_crowd, slowloris
-from kvtune.bench.engine_process import kvtune_command, write_tiny_model
-from kvtune.bench.local_http import free_port, wait_for
-from kvtune.engine_sidecar.http_connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S
+from kvtune.front.connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S
+from kvtune.harness.engine_process import write_tiny_model
+from kvtune.harness.local_http import free_port, wait_for
+from kvtune.harness.server import cli_argv
 
 SECTION = "connections"
 
@@ -126,11 +127,9 @@ def run(args: argparse.Namespace) -> int:
         model = write_tiny_model(Path(folder) / "tiny")
         engine_port, proxy_port = free_port(), free_port()
         engine, proxy = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
-        serve = kvtune_command("serve", "--model", str(model), "--served-model-name", "tiny", "--port",
+        serve = cli_argv("serve", "--model", str(model), "--served-model-name", "tiny", "--port",
                                str(engine_port), "--threads", "1", "--log-stats-interval", "0")  # fmt: skip
-        front = kvtune_command(
-            "proxy", "--upstream", engine, "--model-dir", str(model), "--port", str(proxy_port)
-        )
+        front = cli_argv("proxy", "--upstream", engine, "--model-dir", str(model), "--port", str(proxy_port))
         rows = []
         with child(serve, args.log_dir / "connections-engine.log", f"{engine}/health"):
             rows.append(measure("kvtune serve", engine, args.idle, args.crowds, args.quiet))

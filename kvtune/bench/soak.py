@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from kvtune.bench.engine_process import kvtune_command
-from kvtune.bench.local_http import free_port, wait_for
+from kvtune.harness.local_http import free_port, wait_for
+from kvtune.harness.server import cli_argv
 
 SECTION = "soak"
 ENGINE_FLAGS = ("--kv-cache-tokens", "1024", "--max-num-seqs", "8", "--max-waiting-requests", "256",
@@ -240,7 +240,7 @@ def start(
     env = {**os.environ, "KVTUNE_TRACEMALLOC": str(tracemalloc_frames), **(extra_env or {})}
     with log.open("ab") as out:
         process = subprocess.Popen(
-            kvtune_command("serve", "--tiny", "--served-model-name", "tiny", "--port", str(port), *ENGINE_FLAGS,
+            cli_argv("serve", "--tiny", "--served-model-name", "tiny", "--port", str(port), *ENGINE_FLAGS,
                            *extra_flags),
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip

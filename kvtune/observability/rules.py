@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from kvtune import __version__
+from kvtune.contract import metrics as m
+from kvtune.contract.metrics import spellings
 
 KEEP = ("namespace", "pod", "model_name")
 RATE_WINDOW = "5m"
@@ -74,15 +76,7 @@ class RuleGroup:
     rules: Sequence[RecordingRule | AlertRule]
 
 
-# --- source names ------------------------------------------------------------------------------------------
-def spellings(*colon_names: str) -> list[str]:
-    """Each name in its colon spelling and in the underscore spelling an OpenMetrics scrape stores."""
-    out: list[str] = []
-    for name in colon_names:
-        out += [name, name.replace(":", "_", 1)]
-    return out
-
-
+# --- source names (kvtune.contract.metrics: the operator reads the same families) ---------------------------
 def _any_of(names: Sequence[str], function: str | None = None) -> str:
     """`a or b or ...`, each wrapped in `function(name[5m])` when a function is given."""
     terms = list(names) if function is None else [f"{function}({name}[{RATE_WINDOW}])" for name in names]
@@ -94,39 +88,29 @@ def _by(aggregation: str, inner: str, *extra: str) -> str:
     return f"{aggregation} by ({labels}) (\n  {inner}\n)"
 
 
-KV_USAGE = spellings("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-PREEMPTIONS = spellings(
-    "vllm:num_preemptions_total",
-    "sglang:num_retracted_requests_total",
-    "sglang:total_retracted_reqs",  # older SGLang: a cumulative count kept in a gauge
-)
-RUNNING = spellings("vllm:num_requests_running", "sglang:num_running_reqs")
-WAITING = spellings("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-PREFIX_HITS = spellings(
-    "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total"
-)
-PREFIX_QUERIES = spellings(
-    "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total"
-)
+KV_USAGE = spellings(*m.series_of(m.KV_USAGE))
+PREEMPTIONS = spellings(*m.series_of(m.PREEMPTIONS))
+RUNNING = spellings(*m.series_of(m.RUNNING))
+WAITING = spellings(*m.series_of(m.WAITING))
+# SGLang counts cached prompt tokens among its prompt tokens: its hit rate is the one pair it has.
+PREFIX_HITS = spellings(*m.series_of(m.PREFIX_HITS), *m.series_of(m.PROMPT_TOKENS_CACHED, "sglang"))
+PREFIX_QUERIES = spellings(*m.series_of(m.PREFIX_QUERIES), *m.series_of(m.PROMPT_TOKENS, "sglang"))
 HISTOGRAMS: dict[str, list[str]] = {
-    "ttft_seconds": spellings("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
-    "itl_seconds": spellings(
-        "vllm:inter_token_latency_seconds",
-        "vllm:time_per_output_token_seconds",  # its name before vLLM 0.10
-        "sglang:inter_token_latency_seconds",
-    ),
-    "e2e_seconds": spellings("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
-    "queue_seconds": spellings("vllm:request_queue_time_seconds"),
-    "prompt_tokens": spellings("vllm:request_prompt_tokens", "sglang:prompt_tokens_histogram"),
-    "generation_tokens": spellings("vllm:request_generation_tokens", "sglang:generation_tokens_histogram"),
-    "max_tokens": spellings("vllm:request_params_max_tokens"),
+    "ttft_seconds": spellings(*m.TTFT_SERIES),
+    "itl_seconds": spellings(*m.ITL_SERIES),
+    "e2e_seconds": spellings(*m.E2E_SERIES),
+    "queue_seconds": spellings(*m.QUEUE_SERIES),
+    "prompt_tokens": spellings(*m.series_of(m.REQUEST_PROMPT_TOKENS)),
+    "generation_tokens": spellings(*m.series_of(m.REQUEST_GENERATION_TOKENS)),
+    "max_tokens": spellings(*m.series_of(m.REQUEST_MAX_TOKENS)),
 }
 # Series every engine (or proxy) exposes from its first scrape: what `kvtune_engine:up` counts.
-PRESENCE = [*RUNNING, *spellings("kvtune:max_tokens_cap")]
+PRESENCE = [*RUNNING, *spellings(*m.series_of(m.MAX_TOKENS_CAP))]
 
 
-def _kvtune_only(name: str) -> str:
-    return _any_of(spellings(name))
+def _kvtune_only(canonical: str) -> str:
+    """The series of kvtune's own (what vLLM lacks) that means `canonical`, in both spellings."""
+    return _any_of(spellings(*m.series_of(canonical, "kvtune")))
 
 
 def _indent(text: str) -> str:
@@ -152,20 +136,18 @@ def recording_rules() -> list[RecordingRule]:
         RecordingRule("kvtune_engine:prefix_hit:ratio", _hit_ratio()),
         RecordingRule(
             "kvtune_engine:prefix_defeats:rate5m",
-            _by("sum", _any_of(spellings("kvtune:prefix_defeats_total"), "rate"), "reason"),
+            _by("sum", _any_of(spellings(*m.series_of(m.PREFIX_DEFEATS)), "rate"), "reason"),
         ),
         RecordingRule(
             "kvtune_engine:prefix_defeat_tokens:rate5m",
-            _by("sum", _any_of(spellings("kvtune:prefix_defeat_tokens_total"), "rate"), "reason"),
+            _by("sum", _any_of(spellings(*m.series_of(m.PREFIX_DEFEAT_TOKENS)), "rate"), "reason"),
         ),
-        RecordingRule(
-            "kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only("kvtune:kv_effective_utilization"))
-        ),
-        RecordingRule("kvtune_engine:max_num_seqs", _by("max", _kvtune_only("kvtune:max_num_seqs"))),
-        RecordingRule("kvtune_engine:max_tokens_cap", _by("max", _kvtune_only("kvtune:max_tokens_cap"))),
+        RecordingRule("kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only(m.KV_EFFECTIVE))),
+        RecordingRule("kvtune_engine:max_num_seqs", _by("max", _kvtune_only(m.MAX_NUM_SEQS))),
+        RecordingRule("kvtune_engine:max_tokens_cap", _by("max", _kvtune_only(m.MAX_TOKENS_CAP))),
         RecordingRule(
             "kvtune_engine:capped_requests:rate5m",
-            _by("sum", _any_of(spellings("kvtune:capped_requests_total"), "rate"), "mode"),
+            _by("sum", _any_of(spellings(*m.series_of(m.CAPPED_REQUESTS)), "rate"), "mode"),
         ),
     ]
     for short, names in HISTOGRAMS.items():

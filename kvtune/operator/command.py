@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.errors import KvtuneError
-from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
-from kvtune.operator.diagnosis import Diagnosis, corrupt_text, known
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.own_metrics import DEFAULT_PORT, OperatorMetrics
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, url_problem
+from kvtune.operator.decide.diagnosis import Diagnosis, corrupt_text, known
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import Actuator, MetricSource
+from kvtune.operator.io.actuators import PROXY_KNOBS, ComposedActuator, KvtuneAdminActuator
+from kvtune.operator.io.own_metrics import DEFAULT_PORT, OperatorMetrics
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, url_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,8 +148,8 @@ def run_in_cluster(args: argparse.Namespace) -> int:
         raise KvtuneError("--peering needs a name (the KopfPeering / ClusterKopfPeering object)")
     import kopf
 
-    import kvtune.operator.handlers  # noqa: F401  (registers the handlers)
-    from kvtune.operator.peering import kopf_peering_arguments
+    import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers)
+    from kvtune.operator.k8s.peering import kopf_peering_arguments
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
     max_mode = Mode(args.max_mode)
@@ -212,12 +213,12 @@ def run(args: argparse.Namespace) -> int:
     if args.delete_policies:
         if args.local or bool(args.namespace) == bool(args.all_namespaces):
             raise KvtuneError("--delete-policies needs --namespace NS (repeatable) or --all-namespaces")
-        from kvtune.operator import uninstall
+        from kvtune.operator.k8s import uninstall
 
         return uninstall.run(args.namespace, args.timeout)
     if not args.local:
         return run_in_cluster(args)
-    from kvtune.operator.local_metrics import LocalRecorder  # loads policy_tick, hence kopf: only when run
+    from kvtune.operator.io.local_metrics import LocalRecorder  # prometheus_client's registry: only when run
 
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")

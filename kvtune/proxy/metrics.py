@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from kvtune.core.max_tokens_cap import CAPPED_LABELS
+from kvtune.contract.metrics import CAPPED_LABELS
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.prefix_report import PrefixDefeatCollector
+from kvtune.front.prefix_report import PrefixDefeatCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ENDPOINTS = ("completions", "chat_completions", "models")

@@ -27,9 +27,9 @@ from kvtune.bench.doctor_vllm import (
     title,
     verdict,
 )
-from kvtune.bench.load import BatchSpec
 from kvtune.cli import build_parser, main
-from kvtune.operator.engine_view import EngineView
+from kvtune.harness.load import BatchSpec
+from kvtune.operator.decide.engine_view import EngineView
 from tests.operator.helpers import serve_bodies, vllm_asking_long
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.engine_process import write_tiny_model
 from kvtune.bench.proxy import (
     DIRECT,
     PROXY,
@@ -21,6 +20,7 @@ from kvtune.bench.proxy import (
 )
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
+from kvtune.harness.engine_process import write_tiny_model
 from tests.server.live_server import start_server
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
 from tests.e2e.cluster import (
     REPO,
     Cluster,

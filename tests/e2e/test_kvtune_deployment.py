@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess
+from kvtune.harness.engine_process import EngineProcess
 from tests.e2e.cluster import Cluster, Operator, kwok_node, wait_for
 from tests.e2e.workloads import (
     ADMIN_TOKEN,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator.k8s_actuator import read_flag
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.e2e.cluster import (
     CHART,
     REGISTRY,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune.bench.engine_process import EngineProcess
+from kvtune.harness.engine_process import EngineProcess
 from tests.chart.helm import CHART, template
 from tests.chart.matrix import MATRIX
 from tests.e2e.cluster import (

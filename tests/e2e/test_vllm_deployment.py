@@ -24,10 +24,15 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from kvtune.bench.engine_process import EngineProcess
-from kvtune.operator.k8s_actuator import CHANGE_CAUSE, CONFLICT_RETRIES, WorkloadArgsActuator, read_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.workload_watch import REVERTS_TOLERATED
+from kvtune.harness.engine_process import EngineProcess
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.workload_actuator import (
+    CHANGE_CAUSE,
+    CONFLICT_RETRIES,
+    WorkloadArgsActuator,
+    read_flag,
+)
+from kvtune.operator.k8s.workload_watch import REVERTS_TOLERATED
 from tests.e2e.cluster import Cluster, Operator, cordon, kwok_node, wait_for
 from tests.e2e.workloads import (
     VLLM_ARGS,

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kvtune.bench.engine_process import EngineProcess
-from kvtune.bench.load import BackgroundLoad, LoadShape
+from kvtune.harness.engine_process import EngineProcess
+from kvtune.harness.load import BackgroundLoad, LoadShape
 
 POOL_LABEL = "kvtune-e2e/pool"
 ADMIN_TOKEN = "e2e-admin-token"

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
 from tests.observability.live_stack import LiveStack, ScrapeTarget, live_stack, wait_until
 from tests.server.live_server import LiveServer, start_server
 

@@ -18,11 +18,11 @@ import httpx
 import pytest
 import torch
 
-from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.proxy import shared_document, stamp
 from kvtune.dashboards.panels import all_panel_queries
 from kvtune.dashboards.report import all_variables
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
 from tests.observability.live_stack import LiveStack, ScrapeTarget, free_port, live_stack, wait_until
 from tests.server.live_server import LiveServer, start_server
 

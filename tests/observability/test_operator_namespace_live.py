@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.operator.own_metrics import ERROR_APPLY, Evaluation, OperatorMetrics
+from kvtune.operator.io.own_metrics import ERROR_APPLY, Evaluation, OperatorMetrics
 from tests.chart.helm import MONITORING_API, NAMESPACE, one, render
 from tests.observability.live_stack import LiveStack, free_port, live_stack, wait_until
 

@@ -59,7 +59,7 @@ def event_reasons_in_code() -> set[tuple[str, str]]:
     """(reason, type) of every Event the operator's code posts: EventSpec("Type", "Reason", ...) and the
     history kinds' reasons (EVENT_REASONS)."""
     found: set[tuple[str, str]] = set()
-    for path in (ROOT / "kvtune" / "operator").glob("*.py"):
+    for path in (ROOT / "kvtune" / "operator").rglob("*.py"):  # every room
         text = path.read_text()
         found |= {
             (reason, kind)

@@ -16,17 +16,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.continuity import ALTERNATING, ALTERNATING_HINT, FIRST, RESTART, SAME, Continuity, judge
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.ladder import plan
-from kvtune.operator.local import Tick, hold_seconds, step
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Histogram, Sample, SampleResult, sample_from_series
-from kvtune.operator.tuner import TunerState
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.continuity import (
+    ALTERNATING,
+    ALTERNATING_HINT,
+    FIRST,
+    RESTART,
+    SAME,
+    Continuity,
+    judge,
+)
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.ladder import plan
+from kvtune.operator.decide.loop import Tick, hold_seconds, step
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.sample import Histogram, Sample, SampleResult, sample_from_series
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.decide.window import Window
 from tests.operator.helpers import fixture_text, kvtune_engine, serve_bodies, synthetic
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)

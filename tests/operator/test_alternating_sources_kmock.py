@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator.continuity import ALTERNATING_HINT
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.policy_tick import PolicyMemory, run_once
+from kvtune.operator.decide.continuity import ALTERNATING_HINT
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
 from tests.operator.helpers import fixture_text, reply
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube is a fixture)
     NS,

@@ -21,16 +21,16 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.continuity import ALTERNATING_HINT
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.local import Tick, hold_seconds, run_loop
-from kvtune.operator.metric_names import PREEMPTIONS
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.contract.metrics import PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.operator.decide.continuity import ALTERNATING_HINT
+from kvtune.operator.decide.loop import Tick, hold_seconds, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 
 TOKEN = "alternating-token"
 INTERVAL = 0.5

@@ -18,18 +18,18 @@ from itertools import pairwise
 
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import engine_view_from_sample
-from kvtune.operator.ladder import plan
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import MetricsEndpoint
-from kvtune.operator.window import Window
+from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.engine_view import engine_view_from_sample
+from kvtune.operator.decide.ladder import plan
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.window import Window
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 
 TOKEN = "closed-loop-token"
 INTERVAL = 0.5

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
+from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 from tests.operator.test_closed_loop import read
 
 TOKEN = "closed-loop-restart-token"

@@ -19,18 +19,19 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, engine_view_from_sample
-from kvtune.operator.local import step
-from kvtune.operator.local_metrics import LocalRecorder
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import NoData, Sample, SampleResult
-from kvtune.operator.sources import parse_exposition
-from kvtune.operator.tuner import TunerState
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.engine_view import engine_view_from_sample
+from kvtune.operator.decide.loop import step
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.sample import NoData, Sample, SampleResult
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.decide.window import Window
+from kvtune.operator.io.local_metrics import LocalRecorder
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.io.sources import parse_exposition
 from tests.operator.helpers import (
     fixture_text,
     metrics_answer,

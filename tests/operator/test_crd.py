@@ -13,17 +13,17 @@ import pydantic
 import pytest
 import yaml
 
-from kvtune.operator import crd_yaml
-from kvtune.operator.crd import (
+from kvtune.operator.decide.ladder import Remedy
+from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.tuner import Figures, HistoryEntry, Pending, TunerState
+from kvtune.operator.k8s import crd_yaml
+from kvtune.operator.k8s.crd import (
     KVTuningPolicy,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
     state_from_status,
     state_to_status,
 )
-from kvtune.operator.ladder import Remedy
-from kvtune.operator.policy import Mode
-from kvtune.operator.tuner import Figures, HistoryEntry, Pending, TunerState
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "charts" / "kvtune" / "crds" / "kvtuningpolicy.yaml"
@@ -46,7 +46,7 @@ def sample() -> dict[str, Any]:
 def test_committed_crd_matches_the_models() -> None:
     assert CRD_FILE.read_text() == crd_yaml.render(), (
         "charts/kvtune/crds/kvtuningpolicy.yaml is stale: "
-        "python -m kvtune.operator.crd_yaml > charts/kvtune/crds/kvtuningpolicy.yaml"
+        "python -m kvtune.operator.k8s.crd_yaml > charts/kvtune/crds/kvtuningpolicy.yaml"
     )
 
 

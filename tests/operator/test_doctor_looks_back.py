@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
-from kvtune.operator.doctor import parse_duration
-from kvtune.operator.sources import MAX_RANGE_POINTS, PrometheusSource, range_step
+from kvtune.operator.doctor.command import parse_duration
+from kvtune.operator.io.sources import MAX_RANGE_POINTS, PrometheusSource, range_step
 from tests.operator.helpers import fixture_text, reply, serve_bodies
 
 SINCE_BOOT_LINE = "the engine is quiet now; diagnosing from its counters since boot (30 minutes)"

@@ -12,16 +12,16 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvtune.bench.load import BatchSpec, run_batch
 from kvtune.cli import main
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import engine_view_from_sample
-from kvtune.operator.ladder import lower_max_num_seqs
-from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import MetricsEndpoint
-from kvtune.operator.window import Window
+from kvtune.engine.model.tiny_model import write_tiny_model
+from kvtune.harness.load import BatchSpec, run_batch
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.engine_view import engine_view_from_sample
+from kvtune.operator.decide.ladder import lower_max_num_seqs
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.window import Window
+from kvtune.operator.io.sources import MetricsEndpoint
 from tests.server.live_server import LiveServer, start_server
 
 # 16 requests at once, ~30-token prompts, 150-200 tokens out: far more than 8 residents fit in 1,024 tokens

@@ -22,13 +22,14 @@ import kmock
 import kopf
 import pytest
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator import kube_api
-from kvtune.operator.crd import CONDITION_TYPES, KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
-from kvtune.operator.k8s_actuator import read_flag, set_flag
-from kvtune.operator.kube_api import METADATA_ONLY, USER_AGENT, KubeApi
-from kvtune.operator.policy_tick import PolicyMemory, run_once
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.decide.status import CONDITION_TYPES
+from kvtune.operator.k8s import kube_api
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import METADATA_ONLY, USER_AGENT, KubeApi
+from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.workload_actuator import read_flag, set_flag
 from tests.operator.helpers import reply
 
 FIXTURES = Path(__file__).parent / "fixtures"

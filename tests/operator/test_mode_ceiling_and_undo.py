@@ -16,17 +16,17 @@ from typing import Any
 import kopf
 import pytest
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
-from kvtune.operator.k8s_actuator import read_flag, unset_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.ladder import Remedy
-from kvtune.operator.mode_ceiling import UNDO_ANNOTATION, effective_mode
-from kvtune.operator.policy import Mode
-from kvtune.operator.policy_tick import Outcome, PolicyMemory, run_once
-from kvtune.operator.tuner import Figures, HistoryEntry
-from kvtune.operator.undo import first_values
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.decide.ladder import Remedy
+from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION, effective_mode
+from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.tuner import Figures, HistoryEntry
+from kvtune.operator.decide.undo import first_values
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.workload_actuator import read_flag, unset_flag
 from tests.operator.test_handlers_kmock import (  # the emulator and its fixtures, shared
     FIXTURES,
     NS,
@@ -256,7 +256,7 @@ async def test_kopf_reads_the_ceiling_from_its_memo_and_the_undo_from_the_annota
 
 def test_first_values_round_trip_through_status() -> None:
     """Status cannot hold a meaningful null: a knob that was not set is 0 there, and comes back as None."""
-    from kvtune.operator.crd import OriginalValues
+    from kvtune.operator.k8s.crd import OriginalValues
 
     first = {"max_num_seqs": None, "max_tokens_cap": 512}
     saved = OriginalValues.of(first)

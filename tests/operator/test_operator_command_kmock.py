@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import kvtune_command
-from kvtune.bench.local_http import free_port
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import cli_argv
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import api_calls
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (fixtures)
@@ -70,7 +70,7 @@ async def test_the_command_line_operator_is_healthy_serves_its_metrics_and_stops
     add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
     add_policy(kube, policy_spec(metrics_url, "Recommend"))
     health, metrics = free_port(), free_port()
-    command = kvtune_command("operator", "--namespace", NS, "--peering", PEERING,
+    command = cli_argv("operator", "--namespace", NS, "--peering", PEERING,
                              "--liveness-port", str(health), "--metrics-port", str(metrics))  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": str(REPO)}  # KUBECONFIG: the kube fixture's, pointing at kmock
     log = tmp_path / "operator.log"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from kvtune import __version__
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.local import Tick
-from kvtune.operator.own_metrics import Evaluation, OperatorMetrics, evaluation_of
-from kvtune.operator.tuner import Decision, TunerState
+from kvtune.operator.decide.loop import Tick
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.tuner import Decision, TunerState
+from kvtune.operator.io.own_metrics import Evaluation, OperatorMetrics, evaluation_of
 from tests.operator.helpers import Series, kvtune_engine, parse_series, series_value, synthetic
 from tests.operator.test_ladder_and_tuner import preempting, step
 

@@ -16,13 +16,13 @@ import httpx
 import kopf
 import pytest
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.policy_tick import PolicyMemory, run_once
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator import test_handlers_kmock
 from tests.operator.helpers import OPERATOR_SERIES, Series, parse_series, series_names, series_value
 from tests.operator.test_handlers_kmock import (

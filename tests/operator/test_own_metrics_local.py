@@ -17,18 +17,19 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from kvtune.bench.engine_process import EngineProcess, kvtune_command, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.bench.local_http import free_port
 from kvtune.cli import main
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.local import step, window_length
-from kvtune.operator.local_metrics import LocalRecorder, local_policy_name
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import MetricsEndpoint
-from kvtune.operator.tuner import TunerState
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import cli_argv
+from kvtune.operator.decide.loop import step, window_length
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.local_metrics import LocalRecorder, local_policy_name
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.io.sources import MetricsEndpoint
 from tests.operator.helpers import (
     OPERATOR_SERIES,
     Series,
@@ -86,7 +87,7 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     log = tmp_path / "operator.log"
-    command = kvtune_command("operator", "--local", "--target", engine.url, "--admin-token-file",
+    command = cli_argv("operator", "--local", "--target", engine.url, "--admin-token-file",
                              str(tmp_path / "token"), "--interval", str(OPERATOR_INTERVAL), "--evaluation-window", "2",
                              "--metrics-port", str(port))  # fmt: skip
     began = time.time()

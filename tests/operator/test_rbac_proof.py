@@ -22,10 +22,10 @@ import kmock
 import kopf
 import pytest
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.peering import kopf_peering_arguments
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.k8s.peering import kopf_peering_arguments
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import ApiCall, api_calls
 from tests.operator.helpers import reply

@@ -16,10 +16,10 @@ import kopf
 import pytest
 from kopf._core.engines import peering as kopf_peering
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.peering import kopf_peering_arguments
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.k8s.peering import kopf_peering_arguments
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.api_calls import ApiCall, api_calls
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (fixtures)
     DEPLOYMENTS,

@@ -13,10 +13,10 @@ import time
 import kopf
 import pytest
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
-from kvtune.operator import uninstall
+from kvtune.operator.k8s import uninstall
 from tests.operator.test_handlers_kmock import POLICIES, OptimisticEmulator, kube, policy_spec
 
 __all__ = ["kube"]  # the fixture, imported for pytest to find
@@ -99,7 +99,7 @@ async def test_while_the_operator_runs_its_finalizer_is_released_and_after_it_a_
 def uninstall_store(namespaces: list[str]) -> uninstall.PolicyStore:
     from kubernetes import client
 
-    from kvtune.operator.kube_api import environment_configuration
+    from kvtune.operator.k8s.kube_api import environment_configuration
 
     return uninstall.PolicyStore(
         client.CustomObjectsApi(client.ApiClient(environment_configuration())), namespaces

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from kvtune.operator.crd import WorkloadWatch
-from kvtune.operator.k8s_actuator import WorkloadArgsActuator
-from kvtune.operator.managed_fields import args_owners, container_key, other_owner
-from kvtune.operator.rollout import rollout
-from kvtune.operator.workload_watch import REVERTS_TOLERATED, after_patch, conditions, follow, needs_read
+from kvtune.operator.k8s.crd import WorkloadWatch
+from kvtune.operator.k8s.managed_fields import args_owners, container_key, other_owner
+from kvtune.operator.k8s.rollout import rollout
+from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
+from kvtune.operator.k8s.workload_watch import REVERTS_TOLERATED, after_patch, conditions, follow, needs_read
 
 ARGS = ["--model", "m", "--max-num-seqs", "64", "--max-num-active-seqs"]
 

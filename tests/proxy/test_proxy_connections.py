@@ -79,4 +79,4 @@ def test_two_authorization_headers_are_refused_on_every_admin_route(guarded: Liv
         ):
             assert response.status_code == 400, response.text
             assert "2 Authorization headers" in response.json()["error"]["message"]
-    assert guarded.core.current_policy().cap is None
+    assert guarded.core.current_cap_setting().cap is None

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.engine_sidecar import serve
-from kvtune.engine_sidecar.engine import EngineCounters, LLMEngine
+from kvtune.engine import command as serve
+from kvtune.engine.loop.llm_engine import EngineCounters, LLMEngine
 
 T = TypeVar("T")
 ADMIN_TOKEN = "test-admin-token"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from kvtune.cli import main
-from kvtune.engine_sidecar.async_engine import DEFAULT_WAITING_PER_SEQ, UNLIMITED_WAITING, AsyncEngine
+from kvtune.engine.loop.thread import DEFAULT_WAITING_PER_SEQ, UNLIMITED_WAITING, AsyncEngine
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, scrape, start_server, total
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.engine_sidecar.prompt_chars import prompt_char_limit
+from kvtune.front.text.prompt_chars import prompt_char_limit
 from tests.server.live_server import LiveServer, start_server
 
 BODY_LIMIT = 3_000_000

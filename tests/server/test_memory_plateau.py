@@ -1,6 +1,6 @@
 """The engine's memory levels off under the soak's mixed load (a short `kvtune bench soak`, by rounds of
 requests rather than by time): after a warm-up, malloc's bytes in use stop growing (oneDNN's primitive
-caches are bounded, see kvtune/engine_sidecar/onednn_caches.py), the Python heap grows only by the
+caches are bounded, see kvtune/engine/model/onednn_caches.py), the Python heap grows only by the
 prefix-defeat detector's bounded tables, no answer is a 5xx, and once the load is over the engine holds
 no KV block and no more file descriptors than before it."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvtune.engine_sidecar.engine import EngineCounters
+from kvtune.engine.loop.llm_engine import EngineCounters
 from tests.server.live_server import LiveServer
 
 SOAK_SECONDS = float(os.environ.get("KVTUNE_SOAK_SECONDS", "120"))
