@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -56,6 +58,7 @@ class ProxyStandIn(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         server: Any = self.server
         if self.path == "/metrics":
+            server.scrapes += 1
             body = server.metrics.pop(0) if len(server.metrics) > 1 else server.metrics[0]
             reply(self, 200, "text/plain; version=0.0.4", body.encode())
         elif self.path == "/admin/config" and self._authorized():
@@ -84,6 +87,7 @@ def start_proxy(cap: int | None) -> ThreadingHTTPServer:
     server.metrics = [fixture_text("proxy_defeats_t0.prom"), fixture_text("proxy_defeats_t1.prom")]  # type: ignore[attr-defined]
     server.config = {"max_tokens_cap": cap, "cap_mode": "clamp"}  # type: ignore[attr-defined]
     server.patches = []  # type: ignore[attr-defined]
+    server.scrapes = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -232,14 +236,35 @@ async def test_proxy_metrics_that_cannot_be_read_are_an_event_not_a_stop(
 def test_local_operator_sets_the_cap_through_the_proxy(
     vllm_url: str, proxy: ThreadingHTTPServer, tmp_path: Path
 ) -> None:
+    """The operator runs until the cap has been patched and two more ticks have scraped the proxy (so a
+    second patch would have shown), then is stopped with SIGTERM as a user would: events, not a duration."""
     token = tmp_path / "proxy-token"
     token.write_text(PROXY_TOKEN + "\n")
     token.chmod(0o600)
-    code = main([
-        "operator", "--local", "--target", vllm_url, "--proxy", url(proxy),
-        "--proxy-admin-token-file", str(token), "--interval", "0.5", "--duration", "1.4",
-    ])  # fmt: skip
+    server: Any = proxy
+
+    def stop_after_two_more_ticks() -> None:
+        deadline = time.monotonic() + 120  # only a hang reaches it
+        while not server.patches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        patched_at = server.scrapes
+        while server.scrapes < patched_at + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    watcher = threading.Thread(target=stop_after_two_more_ticks, daemon=True)
+    watcher.start()
+    try:
+        code = main([
+            "operator", "--local", "--target", vllm_url, "--proxy", url(proxy), "--metrics-port", "0",
+            "--proxy-admin-token-file", str(token), "--interval", "0.5", "--duration", "180",
+        ])  # fmt: skip
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    watcher.join(timeout=5)
     assert code == 0
+    assert server.scrapes >= 3  # the patching tick and two after it
     assert proxy.patches == [{"max_tokens_cap": CAP}]  # type: ignore[attr-defined]
 
 
