@@ -1,0 +1,602 @@
+"""`kvtune bench whatif`: are the what-if model's predictions right on a live engine?
+
+For each workload, one `kvtune serve` (tiny model) under a closed-loop load:
+
+1. at a too-high max_num_seqs (where a tuner starts), a fit window: /metrics scraped every second, read
+   with the operator's parser, fitted (`kvtune.core.workload_fit`; a window the fit finds insufficient is
+   extended by half its length at a time, as an operator would wait for more evidence) and replayed
+   through the what-if model (`kvtune.core.whatif`) for every sweep value — the prediction made before
+   acting;
+2. every sweep value measured as a static setting through the admin API, in two passes (rising, then
+   falling), each a settle and a measured window scraped every second;
+3. the NoPreemption pick (`kvtune.core.objectives`) and the sweep-best (best goodput among values with no
+   preemption in either pass) measured alternately, medians: does the pick replay with zero preemptions at
+   ≥ 95% of the sweep-best?
+
+Reported: zero-vs-nonzero agreement of predicted and observed preemptions (predicted nonzero = the
+prediction expects at least ln 2 preemptions over the observed windows, i.e. one is more likely than not,
+counting per generated token — predicted preemptions per token times the tokens the windows generated —
+so that the shared machine's speed in a window does not count against the prediction; the plain predicted
+rate > 0 is shown beside), the goodput prediction's error (wall-clock, and per engine
+CPU-second: the prediction divided by the engine's CPU share in the fit window, against tokens per
+CPU-second measured, which takes out what the shared machine's other jobs did to the wall clock), the
+fit's own decision time, and the same predictions made from vLLM's 1-2-5 buckets (the engine's buckets
+coarsened exactly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
+from kvtune.bench.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
+from kvtune.bench.load import BackgroundLoad, LoadShape
+from kvtune.bench.tuner import TOKEN, WORKLOADS, cpu_seconds
+from kvtune.bench.whatif_window import Reading, metrics_window
+from kvtune.core.objectives import no_preemption
+from kvtune.core.step_time import OperatingPoint, fit_step_time
+from kvtune.core.whatif import (
+    DEFAULT_RISK_MARGIN,
+    Candidate,
+    Prediction,
+    decision_table,
+    predictions_for,
+    what_if,
+)
+from kvtune.core.workload_fit import (
+    FittedWorkload,
+    Insufficient,
+    MetricsWindow,
+    fit_workload,
+    operating_point,
+)
+from kvtune.errors import KvtuneError
+from kvtune.operator.actuators import KvtuneAdminActuator
+from kvtune.operator.sample import NoData, sample_from_series
+from kvtune.operator.sources import MetricsEndpoint
+
+Result = dict[str, Any]  # one workload's run, as stored in its JSON file
+SECTION = "whatif"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    kv_cache_tokens: int
+    clients: int
+    prompt_len: tuple[int, int]
+    output_len: tuple[int, int]
+    start: int
+    sweep: tuple[int, ...]
+
+    @property
+    def footprint(self) -> float:
+        return sum(self.prompt_len) / 2 + sum(self.output_len) / 2
+
+    @property
+    def ratio(self) -> float:
+        return self.kv_cache_tokens / self.footprint
+
+    @property
+    def prompt_share(self) -> float:
+        return sum(self.prompt_len) / 2 / self.footprint
+
+    def describe(self) -> str:
+        return (
+            f"pool {self.kv_cache_tokens:,}, {self.clients} clients, prompts {self.prompt_len[0]}:{self.prompt_len[1]}, "
+            f"outputs {self.output_len[0]}:{self.output_len[1]} (pool ÷ mean footprint {self.ratio:.1f}, "
+            f"prompt share {self.prompt_share:.0%})"
+        )
+
+
+def _span(text: str) -> tuple[int, int]:
+    low, high = (int(v) for v in text.split(":"))
+    return low, high
+
+
+def named_workloads() -> dict[str, Workload]:
+    """The tuner benchmark's named workloads, and issue 28's (a workload the tuner had not seen)."""
+    found = {
+        name: Workload(name, w.kv_cache_tokens, w.clients, _span(w.prompt_len), _span(w.output_len), w.start,
+                       tuple(int(v) for v in w.sweep.split(",")))
+        for name, w in WORKLOADS.items()
+    }  # fmt: skip
+    found["issue-28"] = Workload(
+        "issue-28", 10240, 40, (600, 1400), (40, 400), 96, (4, 6, 8, 10, 12, 14, 16, 20)
+    )
+    return found
+
+
+def random_workloads(seed: int, count: int = 3) -> list[Workload]:
+    """`count` seeded workloads spread over pool ÷ mean footprint 3 to 20 (one per equal slice of that
+    range, in log scale) and over prompt shares from output-heavy (0.2) to prompt-heavy (0.8), each slice
+    of both ranges used once, paired at random. Clients over-subscribe the pool by half; the sweep spans
+    0.4-1.6× the pool's mean-footprint capacity; the start is twice the clients."""
+    rng = random.Random(seed)
+    ratio_slices = [(3 * (20 / 3) ** (i / count), 3 * (20 / 3) ** ((i + 1) / count)) for i in range(count)]
+    share_slices = [(0.2 + 0.6 * i / count, 0.2 + 0.6 * (i + 1) / count) for i in range(count)]
+    rng.shuffle(share_slices)
+    found = []
+    for i, ((r_low, r_high), (s_low, s_high)) in enumerate(zip(ratio_slices, share_slices, strict=True)):
+        ratio = math.exp(rng.uniform(math.log(r_low), math.log(r_high)))
+        share = rng.uniform(s_low, s_high)
+        footprint = rng.uniform(300, 900)
+        prompt, output = share * footprint, (1 - share) * footprint
+        spread = rng.uniform(0.3, 0.6)  # each length uniform on mean × (1 ± spread)
+        prompt_len = (max(1, round(prompt * (1 - spread))), round(prompt * (1 + spread)))
+        output_len = (max(1, round(output * (1 - spread))), round(output * (1 + spread)))
+        pool = max(16, round(ratio * footprint / 16) * 16)
+        pool = max(pool, (prompt_len[1] + output_len[1] + 32) // 16 * 16)
+        capacity = pool / (sum(prompt_len) / 2 + sum(output_len) / 2)
+        clients = max(4, math.ceil(1.5 * capacity))
+        sweep = sorted({max(1, round(capacity * f)) for f in (0.4, 0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.6)})
+        found.append(Workload(f"random-{seed}-{i + 1}", pool, clients, prompt_len, output_len, 2 * clients,
+                              tuple(sweep)))  # fmt: skip
+    return found
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measured window of a static value."""
+
+    max_num_seqs: int
+    seconds: float
+    goodput: float
+    per_cpu_s: float
+    preemptions: float
+    point: OperatingPoint | None
+    cpu_share: float  # engine CPU-seconds per second of the window
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workloads", default="default,wide-prompts,long-outputs,issue-28,random",
+                        help="comma-separated: named workloads, and `random` for the seeded random ones")  # fmt: skip
+    parser.add_argument("--random-seed", type=int, default=28)
+    parser.add_argument("--fit-seconds", type=float, default=12.0, help="the fit window's span")
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
+    parser.add_argument("--measure", type=float, default=6.0, help="seconds each measured window spans")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds, pick vs sweep-best")
+    parser.add_argument("--risk-margin", type=float, default=DEFAULT_RISK_MARGIN)
+    parser.add_argument("--results", default="out/whatif", help="folder for each workload's JSON result")
+    parser.add_argument("--summary-only", action="store_true", help="rebuild the section from --results")
+    parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
+
+
+def _read(source: MetricsEndpoint) -> Reading:
+    series = source.series()
+    if isinstance(series, NoData):
+        raise KvtuneError(f"the engine's /metrics stopped answering: {series.reason}")
+    sample = sample_from_series(series, time.time(), source.url)
+    if isinstance(sample, NoData):
+        raise KvtuneError(f"the engine's /metrics held nothing the operator reads: {sample.reason}")
+    return Reading(sample, tuple(series))
+
+
+def _scraped(source: MetricsEndpoint, seconds: float) -> list[Reading]:
+    readings = [_read(source)]
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        time.sleep(max(0.0, min(1.0, seconds - (time.monotonic() - began))))
+        readings.append(_read(source))
+    return readings
+
+
+def _measure(engine: EngineProcess, source: MetricsEndpoint, value: int, seconds: float) -> Window:
+    cpu_before = cpu_seconds(engine.process.pid)
+    readings = _scraped(source, seconds)
+    cpu = cpu_seconds(engine.process.pid) - cpu_before
+    window = metrics_window(readings)
+    first, last = window.scrapes[0], window.scrapes[-1]
+    span = last.at - first.at
+    generated = last.generated_tokens - first.generated_tokens
+    point = None
+    if window.prompt_len and window.output_len and window.prompt_len.count and window.output_len.count:
+        mean_prompt = window.prompt_len.total / window.prompt_len.count
+        mean_output = window.output_len.total / window.output_len.count
+        point = operating_point(window.scrapes, mean_prompt, mean_output, 0.0, window.inter_token_latency)
+    return Window(value, span, generated / span, generated / cpu if cpu > 0 else math.nan,
+                  last.preemptions - first.preemptions, point, cpu / span)  # fmt: skip
+
+
+def _static(engine: EngineProcess, source: MetricsEndpoint, actuator: KvtuneAdminActuator, value: int,
+            args: argparse.Namespace, label: str) -> Window:  # fmt: skip
+    outcome = actuator.apply("max_num_seqs", value)
+    if not outcome.ok:
+        raise KvtuneError(f"setting max_num_seqs {value} failed: {outcome.error}")
+    time.sleep(args.settle)
+    row = _measure(engine, source, value, args.measure)
+    print(f"  {label} {value}: goodput {row.goodput:.0f} tokens/s ({row.per_cpu_s:.0f} per engine CPU-s), "
+          f"{row.preemptions:.0f} preemptions", flush=True)  # fmt: skip
+    return row
+
+
+def _timing(fit_input: MetricsWindow, repeats: int = 5) -> dict[str, float]:
+    """Median wall and CPU seconds of one decision: the fit, and its decision table (`decision_table`)."""
+    walls, cpus, fits, rows = [], [], [], 0
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        fit = fit_workload(fit_input)
+        fitted = time.perf_counter()
+        assert isinstance(fit, FittedWorkload)
+        table = decision_table(fit)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.thread_time() - cpu)
+        fits.append(fitted - wall)
+        rows = len(table)
+    return {"wall_s": statistics.median(walls), "cpu_s": statistics.median(cpus),
+            "fit_s": statistics.median(fits), "candidates": float(rows)}  # fmt: skip
+
+
+def run_workload(workload: Workload, args: argparse.Namespace) -> Result:
+    shape = LoadShape(workload.clients, workload.prompt_len, workload.output_len)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "token").write_text(TOKEN)
+        model = write_tiny_model(folder / "tiny")
+        engine = start_engine(model, folder / "token", folder / "engine.log", "--kv-cache-tokens",
+                              str(workload.kv_cache_tokens), "--max-num-seqs", str(workload.start))  # fmt: skip
+        try:
+            return _bench(engine, workload, shape, args)
+        finally:
+            engine.stop()
+
+
+def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: argparse.Namespace) -> Result:
+    source = MetricsEndpoint(engine.url)
+    actuator = KvtuneAdminActuator(engine.url, TOKEN)
+    load_before = os.getloadavg()
+    began = time.monotonic()
+    print(f"workload {workload.name}: {workload.describe()}", flush=True)
+    load = BackgroundLoad(engine.url, shape).start()
+    try:
+        time.sleep(2 * args.settle)
+        cpu_before = cpu_seconds(engine.process.pid)
+        readings = _scraped(source, args.fit_seconds)
+        window = metrics_window(readings)
+        fit = fit_workload(window)
+        while isinstance(fit, Insufficient) and len(readings) < 4 * args.fit_seconds:
+            print(f"  fit window extended: {fit}", flush=True)  # as an operator waits for more evidence
+            readings += _scraped(source, args.fit_seconds / 2)[1:]
+            window = metrics_window(readings)
+            fit = fit_workload(window)
+        fit_cpu_share = (cpu_seconds(engine.process.pid) - cpu_before) / (
+            readings[-1].sample.timestamp - readings[0].sample.timestamp
+        )
+        coarse = fit_workload(metrics_window(readings, vllm_buckets=True))
+        if isinstance(fit, Insufficient) or isinstance(coarse, Insufficient):
+            raise KvtuneError(f"workload {workload.name}: the fit window was not enough: {fit} / {coarse}")
+        print(f"  fit: {fit.summary()}", flush=True)
+        values = sorted(set(workload.sweep))
+        table = what_if(fit, [Candidate(v) for v in values])
+        coarse_table = what_if(coarse, [Candidate(v) for v in values])
+        decision = decision_table(fit, risk_margin=args.risk_margin)
+        pick = no_preemption(predictions_for(decision, fp8=False), args.risk_margin)
+        for p in table:
+            print(f"  predicted {p.candidate.max_num_seqs}: {p.preemptions_per_min:.1f} preemptions/min, "
+                  f"goodput {p.goodput:.0f}, p95 wait {p.p95_queue_wait_s:.2f} s, peak KV {p.peak_kv_usage:.0%}",
+                  flush=True)  # fmt: skip
+        print(f"  NoPreemption pick: {pick.max_num_seqs} ({pick.reason})", flush=True)
+        rising = [_static(engine, source, actuator, v, args, "static") for v in values]
+        falling = {v: _static(engine, source, actuator, v, args, "static") for v in reversed(values)}
+        clean = [(r, falling[r.max_num_seqs]) for r in rising
+                 if r.preemptions == 0 and falling[r.max_num_seqs].preemptions == 0]  # fmt: skip
+        best = (
+            max(clean, key=lambda pair: pair[0].goodput + pair[1].goodput)[0].max_num_seqs if clean else None
+        )
+        rounds: list[tuple[Window, Window]] = []
+        if pick.max_num_seqs is not None and best is not None and pick.max_num_seqs != best:
+            for i in range(args.rounds):
+                order = (pick.max_num_seqs, best) if i % 2 == 0 else (best, pick.max_num_seqs)
+                got = {v: _static(engine, source, actuator, v, args, f"round {i + 1}") for v in order}
+                rounds.append((got[pick.max_num_seqs], got[best]))
+    finally:
+        tally = load.stop()
+    load_after = os.getloadavg()
+    timing = _timing(window)
+    return {
+        "workload": asdict(workload),
+        "fit": fit.summary(),
+        "window": asdict(window),
+        "fit_coarse": coarse.summary(),
+        "fit_cpu_share": fit_cpu_share,
+        "observed_at_start": asdict(fit.observed),
+        "step_time": fit.step_time.describe(),
+        "predicted": [_prediction(p) for p in table],
+        "predicted_coarse": [_prediction(p) for p in coarse_table],
+        "pick": pick.max_num_seqs,
+        "pick_reason": pick.reason,
+        "rising": [asdict(r) for r in rising],
+        "falling": [asdict(falling[v]) for v in values],
+        "sweep_best": best,
+        "rounds": [[asdict(a), asdict(b)] for a, b in rounds],
+        "timing": timing,
+        "requests": {"completed": tally.completed, "failed": len(tally.failures)},
+        "load": [list(load_before), list(load_after)],
+        "minutes": (time.monotonic() - began) / 60,
+        "revision": git_revision(),
+    }
+
+
+def _prediction(p: Prediction) -> dict[str, Any]:
+    return asdict(p)
+
+
+# --- the report ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Compared:
+    """One sweep value: prediction beside observation."""
+
+    max_num_seqs: int
+    predicted_per_min: float
+    expected_in_span: float  # preemptions, per generated token, times the tokens the windows generated
+    chance: float  # that the windows see at least one preemption, from the run's own bursts
+    observed: float
+    span_s: float
+    predicted_goodput: float
+    observed_goodput: float
+    predicted_per_cpu: float
+    observed_per_cpu: float
+
+    @property
+    def agrees(self) -> bool:
+        return (self.chance >= 0.5) == (self.observed > 0)
+
+    @property
+    def agrees_plain(self) -> bool:
+        return (self.predicted_per_min > 0) == (self.observed > 0)
+
+    @property
+    def goodput_error(self) -> float:
+        return self.predicted_goodput / self.observed_goodput - 1
+
+    @property
+    def per_cpu_error(self) -> float:
+        return self.predicted_per_cpu / self.observed_per_cpu - 1
+
+
+def prediction_from_json(data: dict[str, Any]) -> Prediction:
+    fields = {**data, "candidate": Candidate(**data["candidate"])}
+    fields["preemption_steps"] = tuple(data.get("preemption_steps", ()))
+    return Prediction(**fields)
+
+
+def compare(result: Result, coarse: bool = False) -> list[Compared]:
+    """Each sweep value's prediction against its two windows. The windows are measured in steps of the
+    predicted run (tokens they generated ÷ the run's tokens per step), so a machine slowed by other jobs
+    does not count against the prediction, and the chance of a preemption in each is read off the run's
+    own preemptions (`Prediction.chance_of_preemption`): predicted nonzero when at least one is more
+    likely than not."""
+    rows_in = result["predicted_coarse" if coarse else "predicted"]
+    predicted = {int(p["candidate"]["max_num_seqs"]): prediction_from_json(p) for p in rows_in}
+    share = float(result["fit_cpu_share"])
+    rows = []
+    for up, down in zip(result["rising"], result["falling"], strict=True):
+        value = int(up["max_num_seqs"])
+        p = predicted[value]
+        span = up["seconds"] + down["seconds"]
+        observed_goodput = (up["goodput"] * up["seconds"] + down["goodput"] * down["seconds"]) / span
+        per_step = p.tokens / p.steps if p.steps else 1.0
+        clear = 1.0
+        for w in (up, down):
+            clear *= 1.0 - p.chance_of_preemption(w["goodput"] * w["seconds"] / per_step)
+        expected = p.preemptions / p.tokens * observed_goodput * span if p.tokens else 0.0
+        rows.append(
+            Compared(
+                value,
+                p.preemptions_per_min,
+                expected,
+                1.0 - clear,
+                up["preemptions"] + down["preemptions"],
+                span,
+                p.goodput,
+                observed_goodput,
+                p.goodput / share if share > 0 else math.nan,
+                statistics.fmean([up["per_cpu_s"], down["per_cpu_s"]]),
+            )
+        )
+    return rows
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.0%}" if math.isfinite(x) else "n/a"
+
+
+def _median_ratio(rounds: list[list[dict[str, Any]]], key: str) -> float:
+    picked = statistics.median(float(a[key]) for a, _ in rounds)
+    return picked / statistics.median(float(b[key]) for _, b in rounds)
+
+
+def replay_verdict(result: Result) -> tuple[str, float | None, float]:
+    """The pick's replay: (text, goodput ratio to the sweep-best, preemptions in the pick's windows)."""
+    pick, best = result["pick"], result["sweep_best"]
+    rows = {int(r["max_num_seqs"]): (r, d) for r, d in zip(result["rising"], result["falling"], strict=True)}
+    if pick is None:
+        return "no pick", None, math.nan
+    if best is None:
+        return f"pick {pick}; no sweep value was clean", None, math.nan
+    pre = 0.0
+    if int(pick) in rows:
+        up, down = rows[int(pick)]
+        pre += up["preemptions"] + down["preemptions"]
+    if pick == best:
+        return f"pick {pick} = sweep-best", 1.0, pre
+    rounds = result["rounds"]
+    ratio = _median_ratio(rounds, "goodput")
+    per_cpu = _median_ratio(rounds, "per_cpu_s")
+    pre += sum(a["preemptions"] for a, _ in rounds)
+    return f"pick {pick} vs sweep-best {best} ({per_cpu:.0%} per engine CPU-s)", ratio, pre
+
+
+def cpu_points(result: Result) -> list[OperatingPoint]:
+    """The sweep windows' operating points in engine CPU-seconds per step (wall step time × the engine's
+    CPU share): the engine's own cost, without what the shared machine's other jobs took."""
+    points = []
+    for w in [*result["rising"], *result["falling"]]:
+        share = w["goodput"] / w["per_cpu_s"] if w["per_cpu_s"] > 0 else 0.0
+        if w["point"] is not None and share > 0:
+            p = w["point"]
+            points.append(OperatingPoint(p["batch"], p["prefill_per_step"], p["step_seconds"] * share))
+    return points
+
+
+def shape_text(results: list[Result]) -> str:
+    points = [p for result in results for p in cpu_points(result)]
+    model = fit_step_time(points)
+    if model is None or model.per_sequence_s <= 0:
+        return "no shape could be fitted"
+    return (
+        f"{model.describe()}: a step's fixed cost = {model.per_step_s / model.per_sequence_s:.1f} sequences, a "
+        f"prefill token = {model.per_prefill_token_s / model.per_sequence_s:.3f} of one"
+    )
+
+
+def workload_lines(result: Result) -> list[str]:
+    w = result["workload"]
+    rows = compare(result)
+    coarse = {r.max_num_seqs: r for r in compare(result, coarse=True)}
+    text, ratio, pre = replay_verdict(result)
+    out = [
+        f"**{w['name']}**: {Workload(**{**w, 'prompt_len': tuple(w['prompt_len']), 'output_len': tuple(w['output_len']), 'sweep': tuple(w['sweep'])}).describe()}; "
+        f"fit at max_num_seqs {w['start']}: {result['fit']}. Step time: {result['step_time']}.",
+        "",
+        "| max_num_seqs | predicted preemptions/min at the fit's speed | expected in the windows, chance of ≥ 1 | "
+        "observed preemptions (windows' s) | agree | from 1-2-5 buckets: predicted/min, chance, agree | "
+        "predicted goodput | observed goodput (error) | per engine CPU-s: predicted, observed (error) |",
+        "|---:|---:|---:|---:|:---:|---:|---:|---:|---:|",
+        *(
+            f"| {r.max_num_seqs} | {r.predicted_per_min:.1f} | {r.expected_in_span:.1f}, {r.chance:.0%} | "
+            f"{r.observed:.0f} ({r.span_s:.0f}) | {'yes' if r.agrees else 'NO'} | "
+            f"{coarse[r.max_num_seqs].predicted_per_min:.1f}, {coarse[r.max_num_seqs].chance:.0%}, "
+            f"{'yes' if coarse[r.max_num_seqs].agrees else 'NO'} | {r.predicted_goodput:.0f} | "
+            f"{r.observed_goodput:.0f} ({_pct(r.goodput_error)}) | {r.predicted_per_cpu:.0f}, "
+            f"{r.observed_per_cpu:.0f} ({_pct(r.per_cpu_error)}) |"
+            for r in rows
+        ),
+        "",
+        f"NoPreemption pick (risk margin {DEFAULT_RISK_MARGIN:.0%}): {result['pick']}; sweep-best "
+        f"{result['sweep_best']}; replay: {text}"
+        + (f", goodput {ratio:.0%} of the sweep-best, {pre:.0f} preemptions" if ratio is not None else "")
+        + f". Decision time (fit + {result['timing']['candidates']:.0f} candidates): "
+        f"{result['timing']['wall_s'] * 1e3:.0f} ms wall, {result['timing']['cpu_s'] * 1e3:.0f} ms CPU. "
+        f"Load average {result['load'][0][0]:.1f} → {result['load'][1][0]:.1f}; {result['minutes']:.1f} min; "
+        f"{result['requests']['completed']} requests completed, {result['requests']['failed']} failed.",
+        "",
+    ]
+    return out
+
+
+CALIBRATION = ("default", "wide-prompts")  # the step-time prior's shape was fitted to these (step_time.py)
+
+
+def shape_errors(rows: list[Compared]) -> list[float]:
+    """Per engine CPU-s errors of one workload after dividing out their median ratio: how well the
+    prediction ranks the settings (what a decision between them needs), apart from its overall scale,
+    which a machine whose speed drifts between the fit window and the measured ones moves as a whole."""
+    ratios = [r.predicted_per_cpu / r.observed_per_cpu for r in rows if math.isfinite(r.per_cpu_error)]
+    if not ratios:
+        return []
+    middle = statistics.median(ratios)
+    return [ratio / middle - 1 for ratio in ratios]
+
+
+def _errors(results: list[Result]) -> str:
+    rows = [r for result in results for r in compare(result)]
+    if not rows:
+        return "none"
+    wall = [abs(r.goodput_error) for r in rows]
+    cpu = [abs(r.per_cpu_error) for r in rows if math.isfinite(r.per_cpu_error)]
+    shape = [abs(e) for result in results for e in shape_errors(compare(result))]
+    return (
+        f"wall-clock {statistics.median(wall):.0%} (max {max(wall):.0%}); per engine CPU-s "
+        f"{statistics.median(cpu):.0%} (max {max(cpu):.0%}); per engine CPU-s with each workload's common "
+        f"scale divided out {statistics.median(shape):.0%} (max {max(shape):.0%})"
+    )
+
+
+def summary_lines(results: list[Result]) -> list[str]:
+    rows = [r for result in results for r in compare(result)]
+    coarse = [r for result in results for r in compare(result, coarse=True)]
+    agree = sum(r.agrees for r in rows) / len(rows)
+    agree_plain = sum(r.agrees_plain for r in rows) / len(rows)
+    agree_coarse = sum(r.agrees for r in coarse) / len(coarse)
+    replays = [replay_verdict(result) for result in results]
+    good = sum(1 for _, ratio, pre in replays if ratio is not None and ratio >= 0.95 and pre == 0)
+    clean = sum(1 for _, ratio, pre in replays if ratio is not None and pre == 0)
+    timings = [result["timing"] for result in results]
+    calibration = [r for r in results if r["workload"]["name"] in CALIBRATION]
+    validation = [r for r in results if r["workload"]["name"] not in CALIBRATION]
+    wall = [t["wall_s"] for t in timings]
+    return [
+        "| figure | value |",
+        "|---|---|",
+        f"| workloads | {len(results)} ({', '.join(str(r['workload']['name']) for r in results)}) |",
+        f"| sweep values compared | {len(rows)} |",
+        f"| zero-vs-nonzero agreement, predicted vs observed preemptions (goal ≥ 90%) | **{agree:.0%}** (plain "
+        f"rate > 0: {agree_plain:.0%}; the same fit from vLLM's 1-2-5 buckets: {agree_coarse:.0%}) |",
+        f"| goodput prediction error, median abs, workloads the step-time prior was shaped on | {_errors(calibration)} |",
+        f"| goodput prediction error, median abs, the other workloads | {_errors(validation)} |",
+        f"| NoPreemption pick replays with 0 preemptions at ≥ 95% of the sweep-best (wall-clock medians) | "
+        f"**{good} of {len(results)}** (0 preemptions: {clean} of {len(results)}) |",
+        f"| decision time: the fit + its decision table (max_num_seqs values and FP8, refined at the edge), median over "
+        f"workloads | {statistics.median(wall) * 1e3:.0f} ms wall (max {max(wall) * 1e3:.0f}), "
+        f"{statistics.median(t['cpu_s'] for t in timings) * 1e3:.0f} ms CPU; goal < 1 s |",
+        f"| step-time shape fitted to every sweep window in engine CPU-s | {shape_text(results)} |",
+    ]
+
+
+def report(results: list[Result], args: argparse.Namespace) -> str:
+    return "\n".join(
+        [
+            "## What-if predictions against a live engine (`kvtune bench whatif`)",
+            "",
+            f"Method: {__doc__.split(chr(10) + chr(10), 1)[1].strip()} Each static window: {args.settle:g} s settle, "
+            f"{args.measure:g} s measured; fit window {args.fit_seconds:g} s; {args.rounds} alternating rounds. "
+            f"Engine: `kvtune serve`, tiny model, {ENGINE_THREADS} torch thread; load: "
+            "`kvtune.bench.load.BackgroundLoad`, closed loop, random token-id prompts, ignore_eos.",
+            f"Machine: {machine_description()}, shared with other jobs (load averages below).",
+            "",
+            *summary_lines(results),
+            "",
+            *(line for result in results for line in workload_lines(result)),
+        ]
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    folder = Path(args.results)
+    folder.mkdir(parents=True, exist_ok=True)
+    named = named_workloads()
+    chosen: list[Workload] = []
+    for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
+        if name == "random":
+            chosen += random_workloads(args.random_seed)
+        elif name in named:
+            chosen.append(named[name])
+        else:
+            raise KvtuneError(f"unknown workload {name!r} (choose from {', '.join(named)}, random)")
+    if not args.summary_only:
+        for workload in chosen:
+            result = run_workload(workload, args)
+            (folder / f"{workload.name}.json").write_text(json.dumps(result, indent=1))
+            print("\n".join(workload_lines(result)), flush=True)
+    results = []
+    for workload in chosen:
+        path = folder / f"{workload.name}.json"
+        if not path.exists():
+            raise KvtuneError(f"no result for workload {workload.name} in {folder}: run it first")
+        results.append(json.loads(path.read_text()))
+    body = report(results, args)
+    print(body)
+    if not args.no_record:
+        record_section(SECTION, body)
+    return 0
