@@ -42,7 +42,7 @@ from kvtune.bench.benchmarks_md import git_revision, machine_description, record
 from kvtune.bench.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
 from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.tuner import TOKEN, WORKLOADS, cpu_seconds
-from kvtune.bench.whatif_window import Reading, metrics_window
+from kvtune.bench.whatif_window import Reading, metrics_window, window_from_json
 from kvtune.core.objectives import no_preemption
 from kvtune.core.step_time import OperatingPoint, fit_step_time
 from kvtune.core.whatif import (
@@ -50,7 +50,9 @@ from kvtune.core.whatif import (
     Candidate,
     Prediction,
     decision_table,
+    effective,
     predictions_for,
+    simulate,
     what_if,
 )
 from kvtune.core.workload_fit import (
@@ -169,11 +171,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--risk-margin", type=float, default=DEFAULT_RISK_MARGIN)
     parser.add_argument("--results", default="out/whatif", help="folder for each workload's JSON result")
     parser.add_argument("--summary-only", action="store_true", help="rebuild the section from --results")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="time the decision (fit + decision table) on the fit windows stored in --results, "
+                             "no engine; records its own section")  # fmt: skip
     parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
+
+
+ATTEMPTS = 3  # a machine shared with other jobs can starve the engine past one HTTP timeout
+HTTP_TIMEOUT_S = 30.0
 
 
 def _read(source: MetricsEndpoint) -> Reading:
     series = source.series()
+    for _ in range(ATTEMPTS - 1):
+        if not isinstance(series, NoData):
+            break
+        series = source.series()
     if isinstance(series, NoData):
         raise KvtuneError(f"the engine's /metrics stopped answering: {series.reason}")
     sample = sample_from_series(series, time.time(), source.url)
@@ -211,6 +224,10 @@ def _measure(engine: EngineProcess, source: MetricsEndpoint, value: int, seconds
 def _static(engine: EngineProcess, source: MetricsEndpoint, actuator: KvtuneAdminActuator, value: int,
             args: argparse.Namespace, label: str) -> Window:  # fmt: skip
     outcome = actuator.apply("max_num_seqs", value)
+    for _ in range(ATTEMPTS - 1):
+        if outcome.ok:
+            break
+        outcome = actuator.apply("max_num_seqs", value)
     if not outcome.ok:
         raise KvtuneError(f"setting max_num_seqs {value} failed: {outcome.error}")
     time.sleep(args.settle)
@@ -252,8 +269,8 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Result:
 
 
 def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: argparse.Namespace) -> Result:
-    source = MetricsEndpoint(engine.url)
-    actuator = KvtuneAdminActuator(engine.url, TOKEN)
+    source = MetricsEndpoint(engine.url, timeout=HTTP_TIMEOUT_S)
+    actuator = KvtuneAdminActuator(engine.url, TOKEN, timeout=HTTP_TIMEOUT_S)
     load_before = os.getloadavg()
     began = time.monotonic()
     print(f"workload {workload.name}: {workload.describe()}", flush=True)
@@ -416,25 +433,38 @@ def _median_ratio(rounds: list[list[dict[str, Any]]], key: str) -> float:
     return picked / statistics.median(float(b[key]) for _, b in rounds)
 
 
-def replay_verdict(result: Result) -> tuple[str, float | None, float]:
-    """The pick's replay: (text, goodput ratio to the sweep-best, preemptions in the pick's windows)."""
+@dataclass(frozen=True)
+class Replay:
+    """The NoPreemption pick against the sweep-best: goodput ratios of the alternating rounds' medians
+    (wall-clock, and per engine CPU-second) and the preemptions seen at the pick (sweep and rounds)."""
+
+    text: str
+    wall: float | None
+    per_cpu: float | None
+    preemptions: float
+
+    def met(self, per_cpu: bool) -> bool:
+        ratio = self.per_cpu if per_cpu else self.wall
+        return ratio is not None and ratio >= 0.95 and self.preemptions == 0
+
+
+def replay_verdict(result: Result) -> Replay:
     pick, best = result["pick"], result["sweep_best"]
     rows = {int(r["max_num_seqs"]): (r, d) for r, d in zip(result["rising"], result["falling"], strict=True)}
     if pick is None:
-        return "no pick", None, math.nan
+        return Replay("no pick", None, None, math.nan)
     if best is None:
-        return f"pick {pick}; no sweep value was clean", None, math.nan
+        return Replay(f"pick {pick}; no sweep value was clean", None, None, math.nan)
     pre = 0.0
     if int(pick) in rows:
         up, down = rows[int(pick)]
         pre += up["preemptions"] + down["preemptions"]
     if pick == best:
-        return f"pick {pick} = sweep-best", 1.0, pre
+        return Replay(f"pick {pick} = sweep-best", 1.0, 1.0, pre)
     rounds = result["rounds"]
-    ratio = _median_ratio(rounds, "goodput")
-    per_cpu = _median_ratio(rounds, "per_cpu_s")
     pre += sum(a["preemptions"] for a, _ in rounds)
-    return f"pick {pick} vs sweep-best {best} ({per_cpu:.0%} per engine CPU-s)", ratio, pre
+    wall, per_cpu = _median_ratio(rounds, "goodput"), _median_ratio(rounds, "per_cpu_s")
+    return Replay(f"pick {pick} vs sweep-best {best}", wall, per_cpu, pre)
 
 
 def cpu_points(result: Result) -> list[OperatingPoint]:
@@ -460,14 +490,41 @@ def shape_text(results: list[Result]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class SelfCheck:
+    """The fit window replayed at its own setting: prediction and observation from the same seconds, so
+    no drift of the machine between windows enters (preemptions per 1,000 generated tokens; goodput)."""
+
+    predicted_per_k: float
+    observed_per_k: float
+    predicted_goodput: float
+    observed_goodput: float
+
+
+def self_check(result: Result) -> SelfCheck:
+    fit = fit_workload(window_from_json(result["window"]))
+    assert isinstance(fit, FittedWorkload)
+    p = simulate(fit, effective(fit, Candidate(fit.settings.max_num_seqs)))
+    seen = fit.observed
+    generated = seen.goodput * seen.seconds
+    observed_per_k = 1000 * seen.preemptions_per_min / 60 * seen.seconds / generated if generated else 0.0
+    return SelfCheck(
+        1000 * p.preemptions / p.tokens if p.tokens else 0.0, observed_per_k, p.goodput, seen.goodput
+    )
+
+
 def workload_lines(result: Result) -> list[str]:
     w = result["workload"]
     rows = compare(result)
     coarse = {r.max_num_seqs: r for r in compare(result, coarse=True)}
-    text, ratio, pre = replay_verdict(result)
+    replay = replay_verdict(result)
+    own = self_check(result)
     out = [
         f"**{w['name']}**: {Workload(**{**w, 'prompt_len': tuple(w['prompt_len']), 'output_len': tuple(w['output_len']), 'sweep': tuple(w['sweep'])}).describe()}; "
-        f"fit at max_num_seqs {w['start']}: {result['fit']}. Step time: {result['step_time']}.",
+        f"fit at max_num_seqs {w['start']}: {result['fit']}. Step time: {result['step_time']}. The fit "
+        f"window replayed at its own setting: {own.predicted_per_k:.2f} preemptions per 1,000 generated tokens "
+        f"predicted, {own.observed_per_k:.2f} observed; goodput {own.predicted_goodput:.0f} predicted, "
+        f"{own.observed_goodput:.0f} observed ({_pct(own.predicted_goodput / own.observed_goodput - 1)}).",
         "",
         "| max_num_seqs | predicted preemptions/min at the fit's speed | expected in the windows, chance of ≥ 1 | "
         "observed preemptions (windows' s) | agree | from 1-2-5 buckets: predicted/min, chance, agree | "
@@ -484,8 +541,13 @@ def workload_lines(result: Result) -> list[str]:
         ),
         "",
         f"NoPreemption pick (risk margin {DEFAULT_RISK_MARGIN:.0%}): {result['pick']}; sweep-best "
-        f"{result['sweep_best']}; replay: {text}"
-        + (f", goodput {ratio:.0%} of the sweep-best, {pre:.0f} preemptions" if ratio is not None else "")
+        f"{result['sweep_best']}; replay: {replay.text}"
+        + (
+            f", goodput {replay.wall:.0%} of the sweep-best wall-clock, {replay.per_cpu:.0%} per engine CPU-s, "
+            f"{replay.preemptions:.0f} preemptions at the pick"
+            if replay.wall is not None and replay.per_cpu is not None
+            else ""
+        )
         + f". Decision time (fit + {result['timing']['candidates']:.0f} candidates): "
         f"{result['timing']['wall_s'] * 1e3:.0f} ms wall, {result['timing']['cpu_s'] * 1e3:.0f} ms CPU. "
         f"Load average {result['load'][0][0]:.1f} → {result['load'][1][0]:.1f}; {result['minutes']:.1f} min; "
@@ -523,6 +585,23 @@ def _errors(results: list[Result]) -> str:
     )
 
 
+def _ratio_text(checks: list[SelfCheck], what: str) -> str:
+    if what == "goodput":
+        ratios = [c.predicted_goodput / c.observed_goodput for c in checks if c.observed_goodput > 0]
+    else:
+        ratios = [c.predicted_per_k / c.observed_per_k for c in checks if c.observed_per_k > 0]
+        zeros = sum(1 for c in checks if c.observed_per_k == 0)
+        if zeros:
+            agreeing = sum(1 for c in checks if c.observed_per_k == 0 and c.predicted_per_k == 0)
+            return (
+                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}); {zeros} windows saw "
+                f"none, of which {agreeing} predicted none"
+                if ratios
+                else f"{zeros} windows saw none, {agreeing} predicted none"
+            )
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "n/a"
+
+
 def summary_lines(results: list[Result]) -> list[str]:
     rows = [r for result in results for r in compare(result)]
     coarse = [r for result in results for r in compare(result, coarse=True)]
@@ -530,12 +609,14 @@ def summary_lines(results: list[Result]) -> list[str]:
     agree_plain = sum(r.agrees_plain for r in rows) / len(rows)
     agree_coarse = sum(r.agrees for r in coarse) / len(coarse)
     replays = [replay_verdict(result) for result in results]
-    good = sum(1 for _, ratio, pre in replays if ratio is not None and ratio >= 0.95 and pre == 0)
-    clean = sum(1 for _, ratio, pre in replays if ratio is not None and pre == 0)
+    good_wall = sum(1 for r in replays if r.met(per_cpu=False))
+    good_cpu = sum(1 for r in replays if r.met(per_cpu=True))
+    clean = sum(1 for r in replays if r.preemptions == 0)
     timings = [result["timing"] for result in results]
     calibration = [r for r in results if r["workload"]["name"] in CALIBRATION]
     validation = [r for r in results if r["workload"]["name"] not in CALIBRATION]
     wall = [t["wall_s"] for t in timings]
+    own = [self_check(result) for result in results]
     return [
         "| figure | value |",
         "|---|---|",
@@ -543,10 +624,14 @@ def summary_lines(results: list[Result]) -> list[str]:
         f"| sweep values compared | {len(rows)} |",
         f"| zero-vs-nonzero agreement, predicted vs observed preemptions (goal ≥ 90%) | **{agree:.0%}** (plain "
         f"rate > 0: {agree_plain:.0%}; the same fit from vLLM's 1-2-5 buckets: {agree_coarse:.0%}) |",
+        f"| the fit window replayed at its own setting (no machine drift between windows): preemptions per "
+        f"1,000 generated tokens, predicted ÷ observed, median (range) | {_ratio_text(own, 'preemptions')} |",
+        f"| the same: goodput, predicted ÷ observed, median (range) | {_ratio_text(own, 'goodput')} |",
         f"| goodput prediction error, median abs, workloads the step-time prior was shaped on | {_errors(calibration)} |",
         f"| goodput prediction error, median abs, the other workloads | {_errors(validation)} |",
-        f"| NoPreemption pick replays with 0 preemptions at ≥ 95% of the sweep-best (wall-clock medians) | "
-        f"**{good} of {len(results)}** (0 preemptions: {clean} of {len(results)}) |",
+        f"| NoPreemption pick replays with 0 preemptions at ≥ 95% of the sweep-best (alternating medians) | "
+        f"**{good_cpu} of {len(results)} per engine CPU-s, {good_wall} of {len(results)} wall-clock** "
+        f"(0 preemptions at the pick: {clean} of {len(results)}) |",
         f"| decision time: the fit + its decision table (max_num_seqs values and FP8, refined at the edge), median over "
         f"workloads | {statistics.median(wall) * 1e3:.0f} ms wall (max {max(wall) * 1e3:.0f}), "
         f"{statistics.median(t['cpu_s'] for t in timings) * 1e3:.0f} ms CPU; goal < 1 s |",
@@ -563,7 +648,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
             f"{args.measure:g} s measured; fit window {args.fit_seconds:g} s; {args.rounds} alternating rounds. "
             f"Engine: `kvtune serve`, tiny model, {ENGINE_THREADS} torch thread; load: "
             "`kvtune.bench.load.BackgroundLoad`, closed loop, random token-id prompts, ignore_eos.",
-            f"Machine: {machine_description()}, shared with other jobs (load averages below).",
+            f"Machine: {machine_description()}, shared with other jobs (load averages below). Revision "
+            f"{', '.join(sorted({str(r['revision']) for r in results}))}.",
             "",
             *summary_lines(results),
             "",
@@ -584,6 +670,8 @@ def run(args: argparse.Namespace) -> int:
             chosen.append(named[name])
         else:
             raise KvtuneError(f"unknown workload {name!r} (choose from {', '.join(named)}, random)")
+    if args.timing_only:
+        return timing_only(chosen, folder, args)
     if not args.summary_only:
         for workload in chosen:
             result = run_workload(workload, args)
@@ -599,4 +687,47 @@ def run(args: argparse.Namespace) -> int:
     print(body)
     if not args.no_record:
         record_section(SECTION, body)
+    return 0
+
+
+def timing_only(chosen: list[Workload], folder: Path, args: argparse.Namespace) -> int:
+    """The decision's time on each stored fit window, in this process alone (no engine, no load)."""
+    load_before = os.getloadavg()
+    rows = []
+    for workload in chosen:
+        path = folder / f"{workload.name}.json"
+        if not path.exists():
+            raise KvtuneError(f"no result for workload {workload.name} in {folder}: run it first")
+        timing = _timing(window_from_json(json.loads(path.read_text())["window"]), repeats=7)
+        rows.append((workload.name, timing))
+        print(f"{workload.name}: fit {timing['fit_s'] * 1e3:.1f} ms, fit + decision table "
+              f"({timing['candidates']:.0f} rows) {timing['wall_s'] * 1e3:.0f} ms wall, "
+              f"{timing['cpu_s'] * 1e3:.0f} ms CPU", flush=True)  # fmt: skip
+    load_after = os.getloadavg()
+    walls = [t["wall_s"] for _, t in rows]
+    body = "\n".join(
+        [
+            "## What-if decision time (`kvtune bench whatif --timing-only`)",
+            "",
+            "Method: for each workload's stored fit window (from `kvtune bench whatif`), the fit "
+            "(`fit_workload`) and its decision table (`decision_table`: the max_num_seqs values and FP8, "
+            "refined to one step at the NoPreemption edge) in one process, no engine and no load running; the "
+            "median of 7 repeats, wall-clock and the thread's CPU time. Goal: under 1 s per decision on 2 cores.",
+            f"Machine: {machine_description()}, shared with other jobs: load average (1 min) "
+            f"{load_before[0]:.1f} at start, {load_after[0]:.1f} at end. Revision {git_revision()}.",
+            "",
+            "| workload | rows | fit ms | fit + table, ms wall | ms CPU |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {name} | {t['candidates']:.0f} | {t['fit_s'] * 1e3:.1f} | {t['wall_s'] * 1e3:.0f} | "
+                f"{t['cpu_s'] * 1e3:.0f} |"
+                for name, t in rows
+            ),
+            f"| median | | | {statistics.median(walls) * 1e3:.0f} | "
+            f"{statistics.median(t['cpu_s'] for _, t in rows) * 1e3:.0f} |",
+        ]
+    )
+    print(body)
+    if not args.no_record:
+        record_section(SECTION + "-timing", body)
     return 0

@@ -260,8 +260,8 @@ def fit_workload(
             notes.append(f"{name} lengths above the last finite bucket: the top is assumed")
         if not lengths.mean_matched:
             notes.append(f"the {name} histogram's sum does not fit its buckets")
-    if not earlier_points:
-        notes.append("step-time split from the prior (one operating point)")
+    if "prior" in step_time.basis:
+        notes.append("step-time split from the prior (no operating point at another batch size yet)")
     arrival = _arrival(scrapes, seconds, finished, limits)
     variance = prompt.variance() + output.variance()
     relative_error = math.sqrt(variance / finished) / (prompt.observed_mean + output.observed_mean)

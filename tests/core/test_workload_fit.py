@@ -83,5 +83,10 @@ def test_a_second_operating_point_replaces_the_prior_split() -> None:
     assert isinstance(two, FittedWorkload)
     assert "prior" in one.step_time.basis and "prior" not in two.step_time.basis
     assert not any("prior" in n for n in two.notes)
+    same_batch = OperatingPoint(
+        batch=10.0, prefill_per_step=one.operating_point.prefill_per_step, step_seconds=0.021
+    )
+    again = fit_workload(_window(), earlier_points=[same_batch])
+    assert isinstance(again, FittedWorkload) and any("prior" in n for n in again.notes)
     assert two.step_time.at(other) == pytest.approx(0.016, rel=0.05)
     assert two.step_time.at(two.operating_point) == pytest.approx(0.02, rel=0.05)
