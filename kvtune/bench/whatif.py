@@ -9,9 +9,9 @@ For each workload, one `kvtune serve` (tiny model) under a closed-loop load:
    acting;
 2. every sweep value measured as a static setting through the admin API, in two passes (rising, then
    falling), each a settle and a measured window scraped every second;
-3. the NoPreemption pick (`kvtune.core.objectives`) and the sweep-best (best goodput among values with no
-   preemption in either pass) measured alternately, medians: does the pick replay with zero preemptions at
-   ≥ 95% of the sweep-best?
+3. the NoPreemption picks (`kvtune.core.objectives`, at each risk margin asked) and the sweep-best (best
+   goodput among values with no preemption in either pass) measured alternately, medians: does the pick
+   replay with zero preemptions at ≥ 95% of the sweep-best?
 
 Reported: zero-vs-nonzero agreement of predicted and observed preemptions (predicted nonzero = the
 prediction expects at least ln 2 preemptions over the observed windows, i.e. one is more likely than not,
@@ -47,6 +47,7 @@ from kvtune.core.objectives import no_preemption
 from kvtune.core.step_time import OperatingPoint, fit_step_time
 from kvtune.core.whatif import (
     DEFAULT_RISK_MARGIN,
+    EDGE_SEEDS,
     Candidate,
     Prediction,
     decision_table,
@@ -168,7 +169,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
     parser.add_argument("--measure", type=float, default=6.0, help="seconds each measured window spans")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds, pick vs sweep-best")
-    parser.add_argument("--risk-margin", type=float, default=DEFAULT_RISK_MARGIN)
+    parser.add_argument("--risk-margins", default="0,0.05",
+                        help="NoPreemption risk margins whose picks are replayed (the first is the default's)")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=EDGE_SEEDS, help="what-if seeds pooled per sweep value")
     parser.add_argument("--results", default="out/whatif", help="folder for each workload's JSON result")
     parser.add_argument("--summary-only", action="store_true", help="rebuild the section from --results")
     parser.add_argument("--timing-only", action="store_true",
@@ -179,6 +182,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 ATTEMPTS = 3  # a machine shared with other jobs can starve the engine past one HTTP timeout
 HTTP_TIMEOUT_S = 30.0
+
+
+def margins(args: argparse.Namespace) -> list[float]:
+    return [float(m) for m in dict.fromkeys(args.risk_margins.split(","))]
 
 
 def _read(source: MetricsEndpoint) -> Reading:
@@ -294,15 +301,20 @@ def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: ar
             raise KvtuneError(f"workload {workload.name}: the fit window was not enough: {fit} / {coarse}")
         print(f"  fit: {fit.summary()}", flush=True)
         values = sorted(set(workload.sweep))
-        table = what_if(fit, [Candidate(v) for v in values])
-        coarse_table = what_if(coarse, [Candidate(v) for v in values])
-        decision = decision_table(fit, risk_margin=args.risk_margin)
-        pick = no_preemption(predictions_for(decision, fp8=False), args.risk_margin)
+        table = what_if(fit, [Candidate(v) for v in values], seeds=args.seeds)
+        coarse_table = what_if(coarse, [Candidate(v) for v in values], seeds=args.seeds)
+        picks = {
+            margin: no_preemption(predictions_for(decision_table(fit, risk_margin=margin), fp8=False), margin)
+            for margin in margins(args)
+        }
         for p in table:
             print(f"  predicted {p.candidate.max_num_seqs}: {p.preemptions_per_min:.1f} preemptions/min, "
                   f"goodput {p.goodput:.0f}, p95 wait {p.p95_queue_wait_s:.2f} s, peak KV {p.peak_kv_usage:.0%}",
                   flush=True)  # fmt: skip
-        print(f"  NoPreemption pick: {pick.max_num_seqs} ({pick.reason})", flush=True)
+        for margin, pick in picks.items():
+            print(
+                f"  NoPreemption pick at margin {margin:g}: {pick.max_num_seqs} ({pick.reason})", flush=True
+            )
         rising = [_static(engine, source, actuator, v, args, "static") for v in values]
         falling = {v: _static(engine, source, actuator, v, args, "static") for v in reversed(values)}
         clean = [(r, falling[r.max_num_seqs]) for r in rising
@@ -310,12 +322,15 @@ def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: ar
         best = (
             max(clean, key=lambda pair: pair[0].goodput + pair[1].goodput)[0].max_num_seqs if clean else None
         )
-        rounds: list[tuple[Window, Window]] = []
-        if pick.max_num_seqs is not None and best is not None and pick.max_num_seqs != best:
+        rounds: dict[int, list[tuple[Window, Window]]] = {}
+        for value in sorted({p.max_num_seqs for p in picks.values() if p.max_num_seqs is not None}):
+            if best is None or value == best:
+                continue
+            rounds[value] = []
             for i in range(args.rounds):
-                order = (pick.max_num_seqs, best) if i % 2 == 0 else (best, pick.max_num_seqs)
+                order = (value, best) if i % 2 == 0 else (best, value)
                 got = {v: _static(engine, source, actuator, v, args, f"round {i + 1}") for v in order}
-                rounds.append((got[pick.max_num_seqs], got[best]))
+                rounds[value].append((got[value], got[best]))
     finally:
         tally = load.stop()
     load_after = os.getloadavg()
@@ -330,12 +345,11 @@ def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: ar
         "step_time": fit.step_time.describe(),
         "predicted": [_prediction(p) for p in table],
         "predicted_coarse": [_prediction(p) for p in coarse_table],
-        "pick": pick.max_num_seqs,
-        "pick_reason": pick.reason,
+        "picks": [[margin, pick.max_num_seqs, pick.reason] for margin, pick in picks.items()],
         "rising": [asdict(r) for r in rising],
         "falling": [asdict(falling[v]) for v in values],
         "sweep_best": best,
-        "rounds": [[asdict(a), asdict(b)] for a, b in rounds],
+        "rounds": {str(v): [[asdict(a), asdict(b)] for a, b in pairs] for v, pairs in rounds.items()},
         "timing": timing,
         "requests": {"completed": tally.completed, "failed": len(tally.failures)},
         "load": [list(load_before), list(load_after)],
@@ -448,23 +462,25 @@ class Replay:
         return ratio is not None and ratio >= 0.95 and self.preemptions == 0
 
 
-def replay_verdict(result: Result) -> Replay:
-    pick, best = result["pick"], result["sweep_best"]
+def replay_verdict(result: Result, margin_index: int = 0) -> Replay:
+    """The replay of the pick made at one of the run's risk margins (the first: the default's)."""
+    margin, pick, _ = result["picks"][margin_index]
+    best = result["sweep_best"]
     rows = {int(r["max_num_seqs"]): (r, d) for r, d in zip(result["rising"], result["falling"], strict=True)}
     if pick is None:
-        return Replay("no pick", None, None, math.nan)
+        return Replay(f"margin {margin:g}: no pick", None, None, math.nan)
     if best is None:
-        return Replay(f"pick {pick}; no sweep value was clean", None, None, math.nan)
+        return Replay(f"margin {margin:g}: pick {pick}; no sweep value was clean", None, None, math.nan)
     pre = 0.0
     if int(pick) in rows:
         up, down = rows[int(pick)]
         pre += up["preemptions"] + down["preemptions"]
     if pick == best:
-        return Replay(f"pick {pick} = sweep-best", 1.0, 1.0, pre)
-    rounds = result["rounds"]
+        return Replay(f"margin {margin:g}: pick {pick} = sweep-best", 1.0, 1.0, pre)
+    rounds = result["rounds"][str(pick)]
     pre += sum(a["preemptions"] for a, _ in rounds)
     wall, per_cpu = _median_ratio(rounds, "goodput"), _median_ratio(rounds, "per_cpu_s")
-    return Replay(f"pick {pick} vs sweep-best {best}", wall, per_cpu, pre)
+    return Replay(f"margin {margin:g}: pick {pick} vs sweep-best {best}", wall, per_cpu, pre)
 
 
 def cpu_points(result: Result) -> list[OperatingPoint]:
@@ -513,11 +529,19 @@ def self_check(result: Result) -> SelfCheck:
     )
 
 
+def _replay_text(replay: Replay) -> str:
+    if replay.wall is None or replay.per_cpu is None:
+        return replay.text
+    return (
+        f"{replay.text}, goodput {replay.wall:.0%} of the sweep-best wall-clock, {replay.per_cpu:.0%} per "
+        f"engine CPU-s, {replay.preemptions:.0f} preemptions at the pick"
+    )
+
+
 def workload_lines(result: Result) -> list[str]:
     w = result["workload"]
     rows = compare(result)
     coarse = {r.max_num_seqs: r for r in compare(result, coarse=True)}
-    replay = replay_verdict(result)
     own = self_check(result)
     out = [
         f"**{w['name']}**: {Workload(**{**w, 'prompt_len': tuple(w['prompt_len']), 'output_len': tuple(w['output_len']), 'sweep': tuple(w['sweep'])}).describe()}; "
@@ -540,14 +564,8 @@ def workload_lines(result: Result) -> list[str]:
             for r in rows
         ),
         "",
-        f"NoPreemption pick (risk margin {DEFAULT_RISK_MARGIN:.0%}): {result['pick']}; sweep-best "
-        f"{result['sweep_best']}; replay: {replay.text}"
-        + (
-            f", goodput {replay.wall:.0%} of the sweep-best wall-clock, {replay.per_cpu:.0%} per engine CPU-s, "
-            f"{replay.preemptions:.0f} preemptions at the pick"
-            if replay.wall is not None and replay.per_cpu is not None
-            else ""
-        )
+        f"Sweep-best {result['sweep_best']}. NoPreemption picks: "
+        + "; ".join(_replay_text(replay_verdict(result, i)) for i in range(len(result["picks"])))
         + f". Decision time (fit + {result['timing']['candidates']:.0f} candidates): "
         f"{result['timing']['wall_s'] * 1e3:.0f} ms wall, {result['timing']['cpu_s'] * 1e3:.0f} ms CPU. "
         f"Load average {result['load'][0][0]:.1f} → {result['load'][1][0]:.1f}; {result['minutes']:.1f} min; "
@@ -608,10 +626,19 @@ def summary_lines(results: list[Result]) -> list[str]:
     agree = sum(r.agrees for r in rows) / len(rows)
     agree_plain = sum(r.agrees_plain for r in rows) / len(rows)
     agree_coarse = sum(r.agrees for r in coarse) / len(coarse)
-    replays = [replay_verdict(result) for result in results]
-    good_wall = sum(1 for r in replays if r.met(per_cpu=False))
-    good_cpu = sum(1 for r in replays if r.met(per_cpu=True))
-    clean = sum(1 for r in replays if r.preemptions == 0)
+    margins_run = [float(m) for m, _, _ in results[0]["picks"]]
+    replay_rows = []
+    for i, margin in enumerate(margins_run):
+        replays = [replay_verdict(result, i) for result in results]
+        good_wall = sum(1 for r in replays if r.met(per_cpu=False))
+        good_cpu = sum(1 for r in replays if r.met(per_cpu=True))
+        clean = sum(1 for r in replays if r.preemptions == 0)
+        replay_rows.append(
+            f"| NoPreemption pick at risk margin {margin:g}{' (the default)' if margin == DEFAULT_RISK_MARGIN else ''}: "
+            f"replays with 0 preemptions at ≥ 95% of the sweep-best (alternating medians) | **{good_cpu} of "
+            f"{len(results)} per engine CPU-s, {good_wall} of {len(results)} wall-clock** (0 preemptions at the "
+            f"pick: {clean} of {len(results)}) |"
+        )
     timings = [result["timing"] for result in results]
     calibration = [r for r in results if r["workload"]["name"] in CALIBRATION]
     validation = [r for r in results if r["workload"]["name"] not in CALIBRATION]
@@ -629,9 +656,7 @@ def summary_lines(results: list[Result]) -> list[str]:
         f"| the same: goodput, predicted ÷ observed, median (range) | {_ratio_text(own, 'goodput')} |",
         f"| goodput prediction error, median abs, workloads the step-time prior was shaped on | {_errors(calibration)} |",
         f"| goodput prediction error, median abs, the other workloads | {_errors(validation)} |",
-        f"| NoPreemption pick replays with 0 preemptions at ≥ 95% of the sweep-best (alternating medians) | "
-        f"**{good_cpu} of {len(results)} per engine CPU-s, {good_wall} of {len(results)} wall-clock** "
-        f"(0 preemptions at the pick: {clean} of {len(results)}) |",
+        *replay_rows,
         f"| decision time: the fit + its decision table (max_num_seqs values and FP8, refined at the edge), median over "
         f"workloads | {statistics.median(wall) * 1e3:.0f} ms wall (max {max(wall) * 1e3:.0f}), "
         f"{statistics.median(t['cpu_s'] for t in timings) * 1e3:.0f} ms CPU; goal < 1 s |",

@@ -29,6 +29,7 @@ from kvtune.core.workload_fit import FittedWorkload
 _UNIQUE_BASE = 1 << 24  # request r's own token ids start at (r + 1) << 24: no accidental prefix sharing
 FP8_BYTES = 1
 DEFAULT_RISK_MARGIN = 0.05  # NoPreemption's: the pick's run held at most 95% of the pool
+EDGE_SEEDS = 4  # seeds pooled at the NoPreemption edge
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,23 @@ class Candidate:
 @dataclass(frozen=True)
 class Horizon:
     """How long each candidate runs, in steps, from the fitted mean output (one request's life in steps):
-    a warm-up that forgets the synchronised start, then the measured span."""
+    a warm-up that forgets the synchronised start, then the measured span: `measured_lifetimes` lives,
+    or fewer (down to `min_measured_lifetimes`) when that many lives would finish more than
+    `measured_requests` requests (max_num_seqs of them finish per life)."""
 
-    warmup_lifetimes: float = 2.0
+    warmup_lifetimes: float = 1.5
     measured_lifetimes: float = 8.0
+    min_measured_lifetimes: float = 4.0
+    measured_requests: int = 100
     min_measured_steps: int = 400
     max_measured_steps: int = 4000
     max_waiting: int = 4096  # an open loop beyond the engine's capacity: the queue stops growing here
 
-    def steps(self, mean_output: float) -> tuple[int, int]:
-        measured = round(self.measured_lifetimes * mean_output)
+    def steps(self, mean_output: float, max_num_seqs: int = 1) -> tuple[int, int]:
+        lives = min(
+            self.measured_lifetimes, max(self.min_measured_lifetimes, self.measured_requests / max_num_seqs)
+        )
+        measured = round(lives * mean_output)
         measured = min(self.max_measured_steps, max(self.min_measured_steps, measured))
         return round(self.warmup_lifetimes * mean_output), measured
 
@@ -100,6 +108,7 @@ class Prediction:
     tokens: int = 0
     # the measured steps (from 0) at which preemptions happened: they come in bursts, which a rate hides
     preemption_steps: tuple[int, ...] = ()
+    seeds: int = 1  # runs pooled into this prediction (their spans one after another)
 
     @property
     def preempts(self) -> bool:
@@ -222,7 +231,7 @@ def simulate(
             arrived_at[request.request_id] = 0.0
     elif rate > 0:
         next_arrival = arrivals.expovariate(rate)
-    warmup, measured = horizon.steps(fit.output_len.observed_mean)
+    warmup, measured = horizon.steps(fit.output_len.observed_mean, candidate.max_num_seqs)
     waits: list[float] = []
     tokens = finished = running_sum = sequence_steps = prefill_tokens = 0
     peak_slots = 0
@@ -310,6 +319,51 @@ def simulate(
     )
 
 
+def pooled(runs: Sequence[Prediction]) -> Prediction:
+    """Several seeds' runs of one candidate as one prediction: their measured spans one after another
+    (rates over the total, the highest peak, the median p95 wait), so a verdict at the edge rests on more
+    than one draw of the workload."""
+    first = runs[0]
+    seconds = sum(r.simulated_s for r in runs)
+    tokens = sum(r.tokens for r in runs)
+    preemptions = sum(r.preemptions for r in runs)
+    steps: list[int] = []
+    offset = 0
+    for r in runs:
+        steps += [offset + s for s in r.preemption_steps]
+        offset += r.steps
+    rate = preemptions / seconds * 60 if seconds > 0 else 0.0
+    waits = sorted(r.p95_queue_wait_s for r in runs)
+    return replace(
+        first,
+        preemptions=preemptions,
+        preemptions_per_min=rate,
+        raw_preemptions_per_min=rate,
+        goodput=tokens / seconds if seconds > 0 else 0.0,
+        p95_queue_wait_s=waits[len(waits) // 2],
+        running_mean=sum(r.running_mean * r.steps for r in runs) / max(1, offset),
+        peak_kv_usage=max(r.peak_kv_usage for r in runs),
+        simulated_s=seconds,
+        finished=sum(r.finished for r in runs),
+        overloaded=any(r.overloaded for r in runs),
+        seqs_bound=any(r.seqs_bound for r in runs),
+        memory_bound=any(r.memory_bound for r in runs),
+        steps=offset,
+        sequence_steps=sum(r.sequence_steps for r in runs),
+        prefill_tokens=sum(r.prefill_tokens for r in runs),
+        tokens=tokens,
+        preemption_steps=tuple(steps),
+        seeds=sum(r.seeds for r in runs),
+    )
+
+
+def simulate_seeds(
+    fit: FittedWorkload, candidate: Candidate, seed: int = 0, seeds: int = 1, horizon: Horizon | None = None
+) -> Prediction:
+    """`seeds` runs (seed, seed + 1, ...) pooled."""
+    return pooled([simulate(fit, candidate, s, horizon) for s in range(seed, seed + seeds)])
+
+
 def effective(fit: FittedWorkload, candidate: Candidate) -> Candidate:
     """The candidate as the workload sees it: a closed loop of N clients never runs more than N, so every
     max_num_seqs above N behaves as N (one run answers them all)."""
@@ -343,7 +397,12 @@ Runs = dict[Candidate, Prediction]
 
 
 def _run_all(
-    fit: FittedWorkload, candidates: Iterable[Candidate], seed: int, horizon: Horizon | None, runs: Runs
+    fit: FittedWorkload,
+    candidates: Iterable[Candidate],
+    seed: int,
+    horizon: Horizon | None,
+    runs: Runs,
+    seeds: int = 1,
 ) -> None:
     """Simulate every candidate not in `runs` yet, sharing runs that are provably the same run: a closed
     loop never holds more than its clients; a run whose admission max_num_seqs never held back is the run
@@ -365,7 +424,7 @@ def _run_all(
             share = _pool_slots(fit, twin.candidate) / _pool_slots(fit, candidate)
             runs[candidate] = replace(twin, candidate=candidate, peak_kv_usage=twin.peak_kv_usage * share)
         else:
-            runs[candidate] = simulate(fit, candidate, seed, horizon)
+            runs[candidate] = simulate_seeds(fit, candidate, seed, seeds, horizon)
 
 
 def _smoothed(runs: Runs) -> Runs:
@@ -386,13 +445,18 @@ def _smoothed(runs: Runs) -> Runs:
 
 
 def what_if(
-    fit: FittedWorkload, candidates: Iterable[Candidate], seed: int = 0, horizon: Horizon | None = None
+    fit: FittedWorkload,
+    candidates: Iterable[Candidate],
+    seed: int = 0,
+    horizon: Horizon | None = None,
+    seeds: int = 1,
 ) -> tuple[Prediction, ...]:
-    """Every candidate's prediction, in the order given; runs shared where they are the same run, and
-    preemption rates smoothed to be non-decreasing in max_num_seqs (`_run_all`, `_smoothed`)."""
+    """Every candidate's prediction (`seeds` runs pooled), in the order given; runs shared where they are
+    the same run, and preemption rates smoothed to be non-decreasing in max_num_seqs (`_run_all`,
+    `_smoothed`)."""
     wanted = list(candidates)
     runs: Runs = {}
-    _run_all(fit, wanted, seed, horizon, runs)
+    _run_all(fit, wanted, seed, horizon, runs, seeds)
     smoothed = _smoothed(runs)
     return tuple(replace(smoothed[effective(fit, c)], candidate=c) for c in wanted)
 
@@ -424,6 +488,45 @@ def standard_candidates(fit: FittedWorkload, round_to: int = 1, count: int = 10)
     return table
 
 
+def _pool_edge(
+    fit: FittedWorkload,
+    runs: Runs,
+    fp8: bool,
+    risk_margin: float,
+    round_to: int,
+    seed: int,
+    seeds: int,
+    horizon: Horizon | None,
+) -> None:
+    """Re-run the values at the NoPreemption edge of one pool setting with `seeds` seeds pooled, walking
+    down while the largest safe value turns out unsafe and up while the next one turns out safe: one
+    seed's draw decides the edge wrongly about as often as right (BENCHMARKS.md, `kvtune bench whatif`)."""
+
+    def settle(value: int) -> Prediction:
+        candidate = effective(fit, Candidate(value, fp8=fp8))
+        known = runs.get(candidate)
+        if known is None:
+            known = simulate(fit, candidate, seed, horizon)
+        if known.seeds < seeds:
+            more = [simulate(fit, candidate, s, horizon) for s in range(seed + known.seeds, seed + seeds)]
+            known = pooled([known, *more])
+        runs[candidate] = known
+        return known
+
+    rows = sorted((r for c, r in runs.items() if c.fp8 == fp8), key=lambda r: r.candidate.max_num_seqs)
+    safe = [r.candidate.max_num_seqs for r in rows if r.safe(risk_margin)]
+    value = max(safe) if safe else round_to
+    while value > round_to and not settle(value).safe(risk_margin):
+        value -= round_to
+    top = max(r.candidate.max_num_seqs for r in rows)
+    while (
+        value + round_to <= top
+        and settle(value).safe(risk_margin)
+        and settle(value + round_to).safe(risk_margin)
+    ):
+        value += round_to
+
+
 def decision_table(
     fit: FittedWorkload,
     round_to: int = 1,
@@ -431,15 +534,18 @@ def decision_table(
     count: int = 10,
     seed: int = 0,
     horizon: Horizon | None = None,
+    edge_seeds: int = EDGE_SEEDS,
 ) -> tuple[Prediction, ...]:
     """The table a decision reads: `standard_candidates`, then, in each pool setting, every multiple of
     `round_to` between the largest value safe at `risk_margin` (`Prediction.safe`) and the next value
-    simulated above it, so the edge is known to one step. Sorted: 16-bit rows first, by max_num_seqs."""
+    simulated above it, so the edge is known to one step; then the values at the 16-bit edge again with
+    `edge_seeds` seeds pooled (`_pool_edge`). Sorted: 16-bit rows first, by max_num_seqs."""
     runs: Runs = {}
     first = standard_candidates(fit, round_to, count)
     _run_all(fit, first, seed, horizon, runs)
     fill: list[Candidate] = []
-    for fp8 in sorted({c.fp8 for c in first}):
+    groups = sorted({c.fp8 for c in first})
+    for fp8 in groups:
         rows = sorted((r for c, r in runs.items() if c.fp8 == fp8), key=lambda r: r.candidate.max_num_seqs)
         safe = [r.candidate.max_num_seqs for r in rows if r.safe(risk_margin)]
         low = max(safe) if safe else 0
@@ -449,6 +555,8 @@ def decision_table(
                 Candidate(v, fp8=fp8) for v in range(low + round_to, above[0], round_to) if v >= round_to
             ]
     _run_all(fit, fill, seed, horizon, runs)
+    if edge_seeds > 1:  # the setting in force; FP8's edge is advice and keeps its one seed
+        _pool_edge(fit, runs, False, risk_margin, round_to, seed, edge_seeds, horizon)
     smoothed = _smoothed(runs)
     return tuple(sorted(smoothed.values(), key=lambda r: (r.candidate.fp8, r.candidate.max_num_seqs)))
 

@@ -11,16 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtune.core.objectives import no_preemption
 from kvtune.core.step_time import StepTimeModel
 from kvtune.core.whatif import (
+    DEFAULT_RISK_MARGIN,
+    EDGE_SEEDS,
     Candidate,
     Horizon,
+    decision_table,
     effective,
     fp8_pool_factor,
     isotonic,
     max_num_seqs_candidates,
+    pooled,
     predictions_for,
     simulate,
+    simulate_seeds,
     standard_candidates,
     what_if,
 )
@@ -175,3 +181,21 @@ def test_isotonic_regression_is_non_decreasing_keeps_the_weighted_total_and_leav
     )
     ordered = sorted(values)
     assert isotonic(ordered, weights) == pytest.approx(ordered)
+
+
+def test_pooled_seeds_add_up_and_the_edge_is_decided_on_all_of_them() -> None:
+    runs = [simulate(DEFAULT, Candidate(10), seed=s, horizon=SHORT) for s in (0, 1)]
+    both = pooled(runs)
+    assert both.seeds == 2 and both.tokens == runs[0].tokens + runs[1].tokens
+    assert both.preemptions == runs[0].preemptions + runs[1].preemptions
+    assert both.preemption_steps == (
+        *runs[0].preemption_steps,
+        *(runs[0].steps + s for s in runs[1].preemption_steps),
+    )
+    assert both.peak_kv_usage == max(r.peak_kv_usage for r in runs)
+    assert simulate_seeds(DEFAULT, Candidate(10), seed=0, seeds=2, horizon=SHORT) == both
+    table = predictions_for(decision_table(DEFAULT, horizon=SHORT), fp8=False)
+    pick = no_preemption(table)
+    assert pick.prediction is not None and pick.prediction.seeds == EDGE_SEEDS
+    above = next(p for p in table if p.candidate.max_num_seqs == pick.max_num_seqs + 1)
+    assert above.seeds == EDGE_SEEDS and not above.safe(DEFAULT_RISK_MARGIN)
