@@ -27,6 +27,7 @@ coarsened exactly).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -163,7 +165,8 @@ class Window:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default="default,wide-prompts,long-outputs,issue-28,random",
-                        help="comma-separated: named workloads, and `random` for the seeded random ones")  # fmt: skip
+                        help="comma-separated: named workloads, `random` for the seeded random ones, or one of "
+                             "them by name (random-SEED-N)")  # fmt: skip
     parser.add_argument("--random-seed", type=int, default=28)
     parser.add_argument("--fit-seconds", type=float, default=12.0, help="the fit window's span")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
@@ -174,6 +177,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=EDGE_SEEDS, help="what-if seeds pooled per sweep value")
     parser.add_argument("--results", default="out/whatif", help="folder for each workload's JSON result")
     parser.add_argument("--summary-only", action="store_true", help="rebuild the section from --results")
+    parser.add_argument("--edge-seconds", type=float, default=0.0,
+                        help="instead of the sweep: measure the NoPreemption edge (the last value predicted safe "
+                             "and the first predicted to preempt) for this many seconds each; own section")  # fmt: skip
     parser.add_argument("--timing-only", action="store_true",
                         help="time the decision (fit + decision table) on the fit windows stored in --results, "
                              "no engine; records its own section")  # fmt: skip
@@ -261,8 +267,29 @@ def _timing(fit_input: MetricsWindow, repeats: int = 5) -> dict[str, float]:
             "fit_s": statistics.median(fits), "candidates": float(rows)}  # fmt: skip
 
 
-def run_workload(workload: Workload, args: argparse.Namespace) -> Result:
-    shape = LoadShape(workload.clients, workload.prompt_len, workload.output_len)
+def _fit_window(
+    engine: EngineProcess, source: MetricsEndpoint, workload: Workload, args: argparse.Namespace
+) -> tuple[list[Reading], MetricsWindow, FittedWorkload, float]:
+    """Settle, then scrape the fit window (extended by half its length while the fit finds it
+    insufficient, as an operator waits for more evidence); the engine's CPU share over it."""
+    time.sleep(2 * args.settle)
+    cpu_before = cpu_seconds(engine.process.pid)
+    readings = _scraped(source, args.fit_seconds)
+    window = metrics_window(readings)
+    fit = fit_workload(window)
+    while isinstance(fit, Insufficient) and len(readings) < 4 * args.fit_seconds:
+        print(f"  fit window extended: {fit}", flush=True)
+        readings += _scraped(source, args.fit_seconds / 2)[1:]
+        window = metrics_window(readings)
+        fit = fit_workload(window)
+    if isinstance(fit, Insufficient):
+        raise KvtuneError(f"workload {workload.name}: the fit window was not enough: {fit}")
+    span = readings[-1].sample.timestamp - readings[0].sample.timestamp
+    print(f"  fit: {fit.summary()}", flush=True)
+    return readings, window, fit, (cpu_seconds(engine.process.pid) - cpu_before) / span
+
+
+def _with_engine(workload: Workload, run: Callable[[EngineProcess], Result]) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "token").write_text(TOKEN)
@@ -270,9 +297,14 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Result:
         engine = start_engine(model, folder / "token", folder / "engine.log", "--kv-cache-tokens",
                               str(workload.kv_cache_tokens), "--max-num-seqs", str(workload.start))  # fmt: skip
         try:
-            return _bench(engine, workload, shape, args)
+            return run(engine)
         finally:
             engine.stop()
+
+
+def run_workload(workload: Workload, args: argparse.Namespace) -> Result:
+    shape = LoadShape(workload.clients, workload.prompt_len, workload.output_len)
+    return _with_engine(workload, lambda engine: _bench(engine, workload, shape, args))
 
 
 def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: argparse.Namespace) -> Result:
@@ -283,23 +315,12 @@ def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: ar
     print(f"workload {workload.name}: {workload.describe()}", flush=True)
     load = BackgroundLoad(engine.url, shape).start()
     try:
-        time.sleep(2 * args.settle)
-        cpu_before = cpu_seconds(engine.process.pid)
-        readings = _scraped(source, args.fit_seconds)
-        window = metrics_window(readings)
-        fit = fit_workload(window)
-        while isinstance(fit, Insufficient) and len(readings) < 4 * args.fit_seconds:
-            print(f"  fit window extended: {fit}", flush=True)  # as an operator waits for more evidence
-            readings += _scraped(source, args.fit_seconds / 2)[1:]
-            window = metrics_window(readings)
-            fit = fit_workload(window)
-        fit_cpu_share = (cpu_seconds(engine.process.pid) - cpu_before) / (
-            readings[-1].sample.timestamp - readings[0].sample.timestamp
-        )
+        readings, window, fit, fit_cpu_share = _fit_window(engine, source, workload, args)
         coarse = fit_workload(metrics_window(readings, vllm_buckets=True))
-        if isinstance(fit, Insufficient) or isinstance(coarse, Insufficient):
-            raise KvtuneError(f"workload {workload.name}: the fit window was not enough: {fit} / {coarse}")
-        print(f"  fit: {fit.summary()}", flush=True)
+        if isinstance(coarse, Insufficient):
+            raise KvtuneError(
+                f"workload {workload.name}: the fit window was not enough in 1-2-5 buckets: {coarse}"
+            )
         values = sorted(set(workload.sweep))
         table = what_if(fit, [Candidate(v) for v in values], seeds=args.seeds)
         coarse_table = what_if(coarse, [Candidate(v) for v in values], seeds=args.seeds)
@@ -688,15 +709,20 @@ def run(args: argparse.Namespace) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     named = named_workloads()
     chosen: list[Workload] = []
+    randoms = {w.name: w for w in random_workloads(args.random_seed)}
     for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
         if name == "random":
-            chosen += random_workloads(args.random_seed)
-        elif name in named:
-            chosen.append(named[name])
+            chosen += randoms.values()
+        elif name in named or name in randoms:
+            chosen.append(named.get(name) or randoms[name])
         else:
-            raise KvtuneError(f"unknown workload {name!r} (choose from {', '.join(named)}, random)")
+            raise KvtuneError(
+                f"unknown workload {name!r} (choose from {', '.join([*named, *randoms])}, random)"
+            )
     if args.timing_only:
         return timing_only(chosen, folder, args)
+    if args.edge_seconds > 0:
+        return edge_check(chosen, folder, args)
     if not args.summary_only:
         for workload in chosen:
             result = run_workload(workload, args)
@@ -755,4 +781,75 @@ def timing_only(chosen: list[Workload], folder: Path, args: argparse.Namespace) 
     print(body)
     if not args.no_record:
         record_section(SECTION + "-timing", body)
+    return 0
+
+
+# --- the edge over long windows ---------------------------------------------------------------------
+def _edge(engine: EngineProcess, workload: Workload, args: argparse.Namespace) -> Result:
+    """Fit, find the NoPreemption edge at margin 0 (its values decided on the pooled seeds), then measure
+    the two values on either side of it for `args.edge_seconds` each: preemptions per generated token over
+    a window long enough to see a rare one, which two short sweep windows can miss."""
+    source = MetricsEndpoint(engine.url, timeout=HTTP_TIMEOUT_S)
+    actuator = KvtuneAdminActuator(engine.url, TOKEN, timeout=HTTP_TIMEOUT_S)
+    load_before = os.getloadavg()
+    print(f"workload {workload.name} (edge): {workload.describe()}", flush=True)
+    load = BackgroundLoad(
+        engine.url, LoadShape(workload.clients, workload.prompt_len, workload.output_len)
+    ).start()
+    try:
+        _, window, fit, _ = _fit_window(engine, source, workload, args)
+        table = predictions_for(decision_table(fit, risk_margin=0.0), fp8=False)
+        pick = no_preemption(table, 0.0).max_num_seqs or 1
+        rows = []
+        for value in (pick, pick + 1):
+            predicted = next(p for p in table if p.candidate.max_num_seqs == value)
+            measured = _static(
+                engine,
+                source,
+                actuator,
+                value,
+                argparse.Namespace(**{**vars(args), "measure": args.edge_seconds}),
+                "edge",
+            )
+            tokens = measured.goodput * measured.seconds
+            rows.append({"max_num_seqs": value, "predicted_per_k": 1000 * predicted.preemptions / max(1, predicted.tokens),
+                         "predicted_seeds": predicted.seeds, "observed": measured.preemptions, "tokens": tokens,
+                         "seconds": measured.seconds})  # fmt: skip
+            print(f"  edge {value}: predicted {rows[-1]['predicted_per_k']:.2f} per 1,000 tokens, observed "
+                  f"{measured.preemptions:.0f} in {tokens:,.0f} tokens", flush=True)  # fmt: skip
+    finally:
+        load.stop()
+    return {"workload": asdict(workload), "window": asdict(window), "rows": rows, "revision": git_revision(),
+            "load": [list(load_before), list(os.getloadavg())]}  # fmt: skip
+
+
+def edge_check(chosen: list[Workload], folder: Path, args: argparse.Namespace) -> int:
+    lines = [
+        "## What-if edge over long windows (`kvtune bench whatif --edge-seconds S`)",
+        "",
+        "Method: per workload, one `kvtune serve` (tiny model) under its closed-loop load, a fit window at the "
+        "too-high start, the NoPreemption edge found at risk margin 0 (the last value predicted never to "
+        f"preempt, its neighbours decided on {EDGE_SEEDS} seeds pooled), then that value and the next one "
+        f"measured as static settings for {args.edge_seconds:g} s each ({args.settle:g} s settle): preemptions "
+        "per 1,000 generated tokens predicted (the pooled runs) and observed. Two 8 s sweep windows can miss a "
+        "rare preemption; these windows are long enough to see one.",
+        f"Machine: {machine_description()}, shared with other jobs (load averages below). Revision {git_revision()}.",
+        "",
+        "| workload | max_num_seqs | predicted preemptions per 1,000 tokens | observed: preemptions in tokens (s) | "
+        "observed per 1,000 tokens | load average |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for workload in chosen:
+        result = _with_engine(workload, functools.partial(_edge, workload=workload, args=args))
+        (folder / f"edge-{workload.name}.json").write_text(json.dumps(result, indent=1))
+        for row in result["rows"]:
+            lines.append(
+                f"| {workload.name} | {row['max_num_seqs']} | {row['predicted_per_k']:.2f} | {row['observed']:.0f} in "
+                f"{row['tokens']:,.0f} ({row['seconds']:.0f}) | {1000 * row['observed'] / max(1.0, row['tokens']):.2f} | "
+                f"{result['load'][0][0]:.1f} → {result['load'][1][0]:.1f} |"
+            )
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_record:
+        record_section(SECTION + "-edge", body)
     return 0
