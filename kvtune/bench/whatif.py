@@ -13,15 +13,17 @@ For each workload, one `kvtune serve` (tiny model) under a closed-loop load:
    goodput among values with no preemption in either pass) measured alternately, medians: does the pick
    replay with zero preemptions at ≥ 95% of the sweep-best?
 
-Reported: zero-vs-nonzero agreement of predicted and observed preemptions (predicted nonzero = the
-prediction expects at least ln 2 preemptions over the observed windows, i.e. one is more likely than not,
-counting per generated token — predicted preemptions per token times the tokens the windows generated —
-so that the shared machine's speed in a window does not count against the prediction; the plain predicted
-rate > 0 is shown beside), the goodput prediction's error (wall-clock, and per engine
-CPU-second: the prediction divided by the engine's CPU share in the fit window, against tokens per
-CPU-second measured, which takes out what the shared machine's other jobs did to the wall clock), the
-fit's own decision time, and the same predictions made from vLLM's 1-2-5 buckets (the engine's buckets
-coarsened exactly).
+Reported: zero-vs-nonzero agreement of predicted and observed preemptions per sweep value. The two
+observed windows are measured in steps of the predicted run (the tokens they generated ÷ the run's tokens
+per step), so the shared machine's speed in a window does not count against the prediction; the
+prediction says nonzero when at least one preemption in such windows is more likely than not, read off
+the predicted run's own preemptions (they come in bursts, which a rate hides; 4 seeds pooled per sweep
+value); the plain predicted rate > 0 is shown beside. Also: the fit window replayed at its own setting
+(prediction and observation over the same seconds); the goodput prediction's error (wall-clock; per
+engine CPU-second, the prediction divided by the engine's CPU share in the fit window against tokens per
+CPU-second measured, which takes out what the shared machine's other jobs did to the wall clock; and the
+latter with each workload's common scale divided out, which is what ranking the settings needs); the
+decision's time; and the same predictions from vLLM's 1-2-5 buckets (the engine's buckets coarsened).
 """
 
 from __future__ import annotations
@@ -46,7 +48,12 @@ from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.tuner import TOKEN, WORKLOADS, cpu_seconds
 from kvtune.bench.whatif_window import Reading, metrics_window, window_from_json
 from kvtune.core.objectives import no_preemption
-from kvtune.core.step_time import OperatingPoint, fit_step_time
+from kvtune.core.step_time import (
+    PRIOR_PREFILL_TOKEN_IN_SEQUENCES,
+    PRIOR_STEP_IN_SEQUENCES,
+    OperatingPoint,
+    fit_step_time,
+)
 from kvtune.core.whatif import (
     DEFAULT_RISK_MARGIN,
     EDGE_SEEDS,
@@ -517,13 +524,20 @@ def cpu_points(result: Result) -> list[OperatingPoint]:
 
 
 def shape_text(results: list[Result]) -> str:
-    points = [p for result in results for p in cpu_points(result)]
-    model = fit_step_time(points)
-    if model is None or model.per_sequence_s <= 0:
-        return "no shape could be fitted"
+    """The step-time split each workload's sweep windows fit (in engine CPU-s), beside the prior's."""
+    steps, prefills = [], []
+    for result in results:
+        model = fit_step_time(cpu_points(result))
+        if model is not None and model.per_sequence_s > 0:
+            steps.append(model.per_step_s / model.per_sequence_s)
+            prefills.append(model.per_prefill_token_s / model.per_sequence_s)
+    if not steps:
+        return "no split could be fitted"
     return (
-        f"{model.describe()}: a step's fixed cost = {model.per_step_s / model.per_sequence_s:.1f} sequences, a "
-        f"prefill token = {model.per_prefill_token_s / model.per_sequence_s:.3f} of one"
+        f"a step's fixed cost = {statistics.median(steps):.0f} sequences (median over workloads; "
+        f"{min(steps):.0f}-{max(steps):.0f}), a prefill token = {statistics.median(prefills):.2f} of one "
+        f"({min(prefills):.2f}-{max(prefills):.2f}); the prior the predictions used: {PRIOR_STEP_IN_SEQUENCES:g} "
+        f"and {PRIOR_PREFILL_TOKEN_IN_SEQUENCES:g} (`kvtune.core.step_time`)"
     )
 
 
@@ -681,7 +695,7 @@ def summary_lines(results: list[Result]) -> list[str]:
         f"| decision time: the fit + its decision table (max_num_seqs values and FP8, refined at the edge), median over "
         f"workloads | {statistics.median(wall) * 1e3:.0f} ms wall (max {max(wall) * 1e3:.0f}), "
         f"{statistics.median(t['cpu_s'] for t in timings) * 1e3:.0f} ms CPU; goal < 1 s |",
-        f"| step-time shape fitted to every sweep window in engine CPU-s | {shape_text(results)} |",
+        f"| the step-time split each workload's sweep windows fit, in engine CPU-s | {shape_text(results)} |",
     ]
 
 
@@ -833,20 +847,26 @@ def edge_check(chosen: list[Workload], folder: Path, args: argparse.Namespace) -
         f"measured as static settings for {args.edge_seconds:g} s each ({args.settle:g} s settle): preemptions "
         "per 1,000 generated tokens predicted (the pooled runs) and observed. Two 8 s sweep windows can miss a "
         "rare preemption; these windows are long enough to see one.",
-        f"Machine: {machine_description()}, shared with other jobs (load averages below). Revision {git_revision()}.",
+        f"Machine: {machine_description()}, shared with other jobs (load averages below).",
         "",
         "| workload | max_num_seqs | predicted preemptions per 1,000 tokens | observed: preemptions in tokens (s) | "
-        "observed per 1,000 tokens | load average |",
-        "|---|---:|---:|---:|---:|---|",
+        "observed per 1,000 tokens | load average | revision |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for workload in chosen:
-        result = _with_engine(workload, functools.partial(_edge, workload=workload, args=args))
-        (folder / f"edge-{workload.name}.json").write_text(json.dumps(result, indent=1))
+        path = folder / f"edge-{workload.name}.json"
+        if args.summary_only:
+            if not path.exists():
+                raise KvtuneError(f"no edge result for workload {workload.name} in {folder}: run it first")
+            result = json.loads(path.read_text())
+        else:
+            result = _with_engine(workload, functools.partial(_edge, workload=workload, args=args))
+            path.write_text(json.dumps(result, indent=1))
         for row in result["rows"]:
             lines.append(
                 f"| {workload.name} | {row['max_num_seqs']} | {row['predicted_per_k']:.2f} | {row['observed']:.0f} in "
                 f"{row['tokens']:,.0f} ({row['seconds']:.0f}) | {1000 * row['observed'] / max(1.0, row['tokens']):.2f} | "
-                f"{result['load'][0][0]:.1f} → {result['load'][1][0]:.1f} |"
+                f"{result['load'][0][0]:.1f} → {result['load'][1][0]:.1f} | {result['revision']} |"
             )
     body = "\n".join(lines)
     print(body)

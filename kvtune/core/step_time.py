@@ -18,10 +18,12 @@ from dataclasses import dataclass
 
 # The prior's shape, in units of one sequence's decode cost: a step's fixed cost equals that of
 # PRIOR_STEP_IN_SEQUENCES sequences, and a prefill token costs PRIOR_PREFILL_TOKEN_IN_SEQUENCES of one.
-# Fitted to the static-sweep windows of `kvtune bench whatif`'s default and wide-prompts workloads on
-# kvtune's tiny CPU engine, in engine CPU-seconds per step (30 windows, batches 4-15: 4.1 ms a step, 0.35
-# ms a sequence, 142 µs a prefill token; BENCHMARKS.md). An engine whose split differs (vLLM on a GPU,
-# where a step's weight reads dominate) corrects it from its second window at another batch size on.
+# Fitted to the static-sweep windows of a first `kvtune bench whatif` run's default and wide-prompts
+# workloads on kvtune's tiny CPU engine, in engine CPU-seconds per step (30 windows, batches 4-15: 4.1 ms a
+# step, 0.35 ms a sequence, 142 µs a prefill token). The recorded run's windows put the split at 2-45
+# sequences a step and 0.04-0.8 a prefill token, workload by workload (BENCHMARKS.md): on a shared machine
+# one window pins it loosely, which is why a second window at another batch size refits it. An engine
+# whose split differs (vLLM on a GPU, where a step's weight reads dominate) corrects it the same way.
 PRIOR_STEP_IN_SEQUENCES = 12.0
 PRIOR_PREFILL_TOKEN_IN_SEQUENCES = 0.4
 # Points whose batches differ by less than this ratio cannot tell per-step from per-sequence cost.

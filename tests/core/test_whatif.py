@@ -199,3 +199,24 @@ def test_pooled_seeds_add_up_and_the_edge_is_decided_on_all_of_them() -> None:
     assert pick.prediction is not None and pick.prediction.seeds == EDGE_SEEDS
     above = next(p for p in table if p.candidate.max_num_seqs == pick.max_num_seqs + 1)
     assert above.seeds == EDGE_SEEDS and not above.safe(DEFAULT_RISK_MARGIN)
+
+
+@settings(max_examples=12, deadline=None)
+@given(fit=workloads, seed=st.integers(0, 100), fp8=st.booleans())
+def test_every_prediction_is_physically_possible(fit: object, seed: int, fp8: bool) -> None:
+    """Whatever the workload: a preemption needs a full pool, no run holds more than the pool or runs
+    more than max_num_seqs, a safe pick never preempts, and waits and rates are never negative."""
+    from kvtune.core.workload_fit import FittedWorkload
+
+    assert isinstance(fit, FittedWorkload)
+    for value in max_num_seqs_candidates(fit, count=5):
+        p = simulate(fit, Candidate(value, fp8=fp8), seed, SHORT)
+        assert p.preemptions >= 0 and p.preemptions_per_min >= 0 and p.p95_queue_wait_s >= 0
+        assert p.preemptions == len(p.preemption_steps)
+        assert 0 < p.peak_kv_usage <= 1
+        assert p.running_mean <= value + 1e-9
+        assert p.goodput > 0 and p.tokens <= p.sequence_steps
+        if p.preemptions:
+            assert p.memory_bound
+        if p.safe(0.0):
+            assert p.preemptions == 0

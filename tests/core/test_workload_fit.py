@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.step_time import OperatingPoint
@@ -90,3 +92,39 @@ def test_a_second_operating_point_replaces_the_prior_split() -> None:
     assert isinstance(again, FittedWorkload) and any("prior" in n for n in again.notes)
     assert two.step_time.at(other) == pytest.approx(0.016, rel=0.05)
     assert two.step_time.at(two.operating_point) == pytest.approx(0.02, rel=0.05)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    prompt=st.tuples(st.integers(1, 2000), st.integers(0, 2000)),
+    output=st.tuples(st.integers(1, 1000), st.integers(0, 1000)),
+    count=st.integers(20, 400),
+    clients=st.integers(1, 64),
+    seed=st.integers(0, 1000),
+)
+def test_any_steady_window_with_enough_requests_fits_its_means_clients_and_pool(
+    prompt: tuple[int, int], output: tuple[int, int], count: int, clients: int, seed: int
+) -> None:
+    prompts = uniform_lengths(seed, count, (prompt[0], prompt[0] + prompt[1]))
+    outputs = uniform_lengths(seed + 1, count, (output[0], output[0] + output[1]))
+    fit = fit_workload(window(prompts, outputs, in_system=(clients,) * 13, running=min(clients, 10)))
+    assert isinstance(fit, FittedWorkload), fit
+    # the histogram's sum is exact, so the fitted means are the window's means whatever the buckets
+    assert fit.prompt_len.observed_mean == pytest.approx(sum(prompts) / count)
+    assert fit.output_len.observed_mean == pytest.approx(sum(outputs) / count)
+    assert fit.arrival.clients == clients
+    assert fit.settings.pool_tokens == 4096 and fit.settings.block_size == 16
+    assert 0 <= fit.footprint_relative_error < 1
+    # fewer than `few_finished` requests is said, never silently trusted
+    assert (fit.confidence == "low") and any("step-time split" in n for n in fit.notes)
+    assert (count < 100) == any("finished requests" in n for n in fit.notes)
+
+
+@settings(max_examples=15, deadline=None)
+@given(count=st.integers(0, 19), seed=st.integers(0, 1000))
+def test_any_window_with_too_few_requests_is_insufficient_and_says_how_many(count: int, seed: int) -> None:
+    prompts = uniform_lengths(seed, count, (10, 500))
+    outputs = uniform_lengths(seed + 1, count, (10, 500))
+    fit = fit_workload(window(prompts, outputs))
+    assert isinstance(fit, Insufficient)
+    assert any(f"{count} requests finished" in reason for reason in fit.reasons)
