@@ -478,12 +478,14 @@ def max_num_seqs_candidates(fit: FittedWorkload, round_to: int = 1, count: int =
     return sorted(picked)
 
 
-def standard_candidates(fit: FittedWorkload, round_to: int = 1, count: int = 10) -> list[Candidate]:
+def standard_candidates(
+    fit: FittedWorkload, round_to: int = 1, count: int = 10, with_fp8: bool = True
+) -> list[Candidate]:
     """Every max_num_seqs value of `max_num_seqs_candidates`, then the same values with FP8 KV (when the
-    cache is not FP8 already)."""
+    cache is not FP8 already, and `with_fp8`)."""
     values = max_num_seqs_candidates(fit, round_to, count)
     table = [Candidate(v) for v in values]
-    if fp8_pool_factor(fit.settings.cache_dtype) > 1:
+    if with_fp8 and fp8_pool_factor(fit.settings.cache_dtype) > 1:
         table += [Candidate(v, fp8=True) for v in values]
     return table
 
@@ -535,13 +537,15 @@ def decision_table(
     seed: int = 0,
     horizon: Horizon | None = None,
     edge_seeds: int = EDGE_SEEDS,
+    with_fp8: bool = True,
 ) -> tuple[Prediction, ...]:
-    """The table a decision reads: `standard_candidates`, then, in each pool setting, every multiple of
+    """The table a decision reads: `standard_candidates` (FP8 rows only `with_fp8`: the tuner's own move
+    needs the 16-bit rows alone, at half the time), then, in each pool setting, every multiple of
     `round_to` between the largest value safe at `risk_margin` (`Prediction.safe`) and the next value
     simulated above it, so the edge is known to one step; then the values at the 16-bit edge again with
     `edge_seeds` seeds pooled (`_pool_edge`). Sorted: 16-bit rows first, by max_num_seqs."""
     runs: Runs = {}
-    first = standard_candidates(fit, round_to, count)
+    first = standard_candidates(fit, round_to, count, with_fp8)
     _run_all(fit, first, seed, horizon, runs)
     fill: list[Candidate] = []
     groups = sorted({c.fp8 for c in first})

@@ -37,6 +37,7 @@ class LocalRecorder:
         self.memory.state = tick.state
         _, conditions = follow_tick(self.memory, tick, self.policy, tick.at)
         errors = (ERROR_PROXY_METRICS,) if proxy_problem else ()
+        objective = self.policy.objective if self.policy.predict else None
         evaluation = evaluation_of(previous, tick, condition_states(conditions),
-                                   recommended_knobs(self.memory.recommended), errors)  # fmt: skip
+                                   recommended_knobs(self.memory.recommended), errors, objective)  # fmt: skip
         self.metrics.record(LOCAL_NAMESPACE, self.name, evaluation)

@@ -30,6 +30,7 @@ from kvtune.operator.crd import (
     KnobValues,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
+    PredictionStatus,
     SecretKeyRef,
     state_from_status,
     state_to_status,
@@ -53,6 +54,7 @@ from kvtune.operator.own_metrics import (
 from kvtune.operator.pods import Pod, PodEndpointsSource, PooledSource, pod_url
 from kvtune.operator.policy import TuningPolicy
 from kvtune.operator.pooling import PoolState, worst_pod_line
+from kvtune.operator.prediction import PredictionState, objective_of
 from kvtune.operator.sample import NoData, Sample
 from kvtune.operator.secret_cache import SecretCache
 from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, PrometheusSource
@@ -437,6 +439,31 @@ def name_worst_pod(state: TunerState, previous: TunerState, worst: str) -> Tuner
     return replace(state, history=history)
 
 
+def prediction_events(before: PredictionState, after: PredictionState) -> list[EventSpec]:
+    """An Event for each new verdict on a forecast, and one when the tuner falls back to measured stepping."""
+    events: list[EventSpec] = []
+    if after.verdict and after.verdict != before.verdict:
+        if after.verdict.startswith("held"):
+            events.append(EventSpec("Normal", "PredictionHeld", after.verdict))
+        elif after.verdict.startswith("missed"):
+            events.append(EventSpec("Warning", "PredictionMissed", after.verdict))
+    if after.stepping and not before.stepping:
+        events.append(EventSpec("Warning", "PredictionFallback",
+                                "two predictions missed on this workload: measured stepping from now on"))  # fmt: skip
+    return events
+
+
+def prediction_status(
+    policy: TuningPolicy, state: PredictionState, diagnosis: Diagnosis | None
+) -> PredictionStatus | None:
+    if not policy.predict:
+        return None
+    rate = diagnosis.preemption_rate if diagnosis is not None else None
+    return PredictionStatus.of(
+        state, objective_of(policy).describe(), policy.round_to, rate * 60 if rate is not None else None
+    )
+
+
 def evaluate(
     api: KubeApi,
     policy_ref: PolicyRef,
@@ -491,6 +518,7 @@ def evaluate(
             events.append(EventSpec("Normal", "DesiredStateReapplied", f"{knob} set back to {value}"))
         else:
             events.append(EventSpec("Warning", "ReapplyFailed", f"{knob} -> {value}: {result.error}"))
+    events += prediction_events(previous.prediction, tick.state.prediction)
     if tick.no_data and not memory.no_data:
         events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
     memory.no_data = tick.no_data is not None
@@ -500,7 +528,8 @@ def evaluate(
     tuner, history = state_to_status(tick.state)
     errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
-                               recommended_knobs(memory.recommended), errors)  # fmt: skip
+                               recommended_knobs(memory.recommended), errors,
+                               policy.objective if policy.predict else None)  # fmt: skip
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
     pods_status, worst_pod = (
         pod_statuses(memory.pool, tick.evidence_since, held_by_pod(actuator)) if workload else ([], None)
@@ -520,6 +549,9 @@ def evaluate(
         pods=pods_status,
         worst_pod=worst_pod.name if worst_pod else None,
         admission_flag=flag,
+        prediction=prediction_status(
+            policy, tick.state.prediction, tick.decision.diagnosis if tick.decision else None
+        ),
     )
     return Outcome(tick, status, tuple(events), evaluation)
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from kvtune.operator import metric_names as m
 from kvtune.operator.diagnosis import diagnose
 from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, EngineView
-from kvtune.operator.ladder import Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
+from kvtune.operator.ladder import LADDER, Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
 from kvtune.operator.policy import Mode, TuningPolicy
 from kvtune.operator.sample import Sample
 from kvtune.operator.tuner import Decision, Figures, Pending, TunerState, decide
@@ -300,7 +300,7 @@ def test_plan_lists_every_rung_in_ladder_order() -> None:
     samples = preempting(0, 10)
     d = decide(Window.of(samples), kvtune_engine(), POLICY, TunerState(), 10)[0].diagnosis
     remedies = plan(d, kvtune_engine(), POLICY)
-    assert [r.remedy for r in remedies] == list(Remedy)
+    assert [r.remedy for r in remedies] == list(LADDER)
     assert [r.applicable for r in remedies] == [False, True, False, True]
 
 
