@@ -180,6 +180,11 @@ def settled_at(window: Window, pending: Pending, policy: TuningPolicy, now: floa
     )
     if not lowering:
         return held
+    if pending.direction == "predict":
+        # a predicted value is judged on its own window, never on the drain's: the first evaluation window
+        # after the limit held belongs to the old value's survivors (judging it made the tuner benchmark's
+        # long-outputs workload count one preemption of the drain as a miss at 3 and settle at 2)
+        return min(held + policy.evaluation_window_s, pending.at + 3 * policy.evaluation_window_s)
     if now - held >= policy.evaluation_window_s and _clean_since(window, held):
         return held
     return min(held + policy.evaluation_window_s, pending.at + 3 * policy.evaluation_window_s)

@@ -88,13 +88,16 @@ def test_a_short_window_is_gathered_first_not_stepped_by_the_ladder() -> None:
 
 def test_a_window_that_bears_the_forecast_out_holds_it_and_the_ladder_leaves_the_value_alone() -> None:
     value, state = jumped()
-    calm = [sample(t, preemptions=15, running=value, waiting=24 - value) for t in range(6, 12)]
-    decision, state = decide(Window.of([*preempting(0, 5), *calm]), engine(value), POLICY, state, 11)
+    # a lowering is judged on the evaluation window after the drain's (held at 6, judged on 10-14)
+    calm = [sample(t, preemptions=15, running=value, waiting=24 - value) for t in range(6, 15)]
+    early, _ = decide(Window.of([*preempting(0, 5), *calm[:6]]), engine(value), POLICY, state, 11)
+    assert early.changes == () and early.note == "evaluating the last change"
+    decision, state = decide(Window.of([*preempting(0, 5), *calm]), engine(value), POLICY, state, 14)
     assert decision.changes == ()
     assert state.prediction.verdict is not None and state.prediction.verdict.startswith("held")
     applied = [h for h in state.history if h.remedy is Remedy.PREDICT_MAX_NUM_SEQS]
     assert len(applied) == 1 and applied[0].after_figures is not None
-    later = [sample(t, preemptions=15, running=value, waiting=24 - value) for t in range(12, 30)]
+    later = [sample(t, preemptions=15, running=value, waiting=24 - value) for t in range(15, 30)]
     decision, state = decide(Window.of([*calm, *later]), engine(value), POLICY, state, 29)
     assert decision.changes == () and "holding the predicted max_num_seqs" in decision.note
 
