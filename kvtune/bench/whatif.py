@@ -670,8 +670,21 @@ def _ratio_text(checks: list[SelfCheck], what: str) -> str:
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "n/a"
 
 
+def around_best(result: Result, rows: list[Compared]) -> list[Compared]:
+    """The sweep-best and the sweep values on either side of it (3, or 2 at an end of the sweep): the
+    static values a tuner's decision is about."""
+    ordered = sorted(rows, key=lambda r: r.max_num_seqs)
+    values = [r.max_num_seqs for r in ordered]
+    best = result["sweep_best"]
+    if best not in values:
+        return []
+    i = values.index(best)
+    return ordered[max(0, i - 1) : i + 2]
+
+
 def summary_lines(results: list[Result]) -> list[str]:
     rows = [r for result in results for r in compare(result)]
+    near = [r for result in results for r in around_best(result, compare(result))]
     coarse = [r for result in results for r in compare(result, coarse=True)]
     agree = sum(r.agrees for r in rows) / len(rows)
     agree_plain = sum(r.agrees_plain for r in rows) / len(rows)
@@ -701,6 +714,11 @@ def summary_lines(results: list[Result]) -> list[str]:
         f"| sweep values compared | {len(rows)} |",
         f"| zero-vs-nonzero agreement, predicted vs observed preemptions (goal ≥ 90%) | **{agree:.0%}** (plain "
         f"rate > 0: {agree_plain:.0%}; the same fit from vLLM's 1-2-5 buckets: {agree_coarse:.0%}) |",
+        f"| the same over each workload's sweep-best and the sweep values on either side of it ({len(near)} "
+        f"values; goal ≥ 90%) | **{sum(r.agrees for r in near) / max(1, len(near)):.0%}** |",
+        f"| goodput prediction error over those values, median abs: wall-clock, per engine CPU-s | "
+        f"{statistics.median(abs(r.predicted_goodput / r.observed_goodput - 1) for r in near):.0%}, "
+        f"{statistics.median(abs(r.predicted_per_cpu / r.observed_per_cpu - 1) for r in near):.0%} |",
         f"| the fit window replayed at its own setting (no machine drift between windows): preemptions per "
         f"1,000 generated tokens, predicted ÷ observed, median (range) | {_ratio_text(own, 'preemptions')} |",
         f"| the same: goodput, predicted ÷ observed, median (range) | {_ratio_text(own, 'goodput')} |",
