@@ -136,3 +136,16 @@ def test_an_engine_without_a_known_pool_is_stepped_by_measurement_at_once() -> N
     decision, state = decide(Window.of(preempting(0, 2)), blind, POLICY, TunerState(), 2)
     assert decision.changes and all(c.remedy is not Remedy.PREDICT_MAX_NUM_SEQS for c in decision.changes)
     assert "no prediction" in (state.prediction.verdict or "")
+
+
+def test_a_predicted_lowering_is_not_judged_on_its_drain() -> None:
+    """The old value's residents drain slowly (the tuner benchmark's random-28-3: over three windows);
+    their preemptions are not the predicted value's, so the verdict waits for the limit to hold."""
+    value, state = jumped()
+    assert state.pending is not None  # the jump's own sample (t=5, 16 running) is not the new limit holding
+    state = replace(state, pending=replace(state.pending, at=5.5))
+    draining = [sample(t, preemptions=15 + 2 * (t - 6), running=value + 4, waiting=20 - value)
+                for t in range(6, 20)]  # fmt: skip
+    decision, state = decide(Window.of([*preempting(0, 5), *draining]), engine(value), POLICY, state, 19)
+    assert decision.changes == () and "settle" in decision.note
+    assert state.prediction.misses == 0 and state.pending is not None
