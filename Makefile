@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # C++ sources compiled for this CPU: the attention kernel and the benchmarks' probes.
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
-.PHONY: demo test lint typecheck unit clean observability-tools helm-tools vllm-harness
+.PHONY: demo test lint typecheck unit clean observability-tools helm-tools vllm-harness k8s-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,9 +58,16 @@ helm-tools: $(STAMP)
 vllm-harness: $(STAMP)
 	$(BIN)/python -m kvtune.bench.vllm_cpu
 
+# The e2e tests (tests/e2e) run a real control plane on loopback (scripts/local_cluster.py): etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler and kwok, built by `go` from the Go module proxy into
+# ~/.cache/kvtune/kbins/<version> ($KVTUNE_KBINS_DIR overrides) the first time (~25 min on 2 cores), a no-op
+# after. Standard library only. The tests fail, never skip, without them.
+k8s-tools:
+	$(PYTHON) scripts/local_cluster.py build
+
 # mypy (half a minute on one core) runs beside pytest, which mostly keeps one core busy. Its report is
 # printed only when it finds something, so pytest's summary stays the last line of a green run.
-test: lint observability-tools helm-tools vllm-harness
+test: lint observability-tools helm-tools vllm-harness k8s-tools
 	@echo "mypy kvtune runs beside pytest; its report follows pytest's only if it finds a problem"
 	$(BIN)/mypy kvtune > $(VENV)/mypy.log 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS); unit=$$?; \

@@ -18,18 +18,21 @@ VERBS: dict[str, tuple[str, str]] = {
     "sim": ("kvtune.sim.command", "trace-driven KV-cache simulation (no model)"),
     "demo": ("kvtune.demo.command", "the main job on the embedded default, with a report"),
     "tiny-model": (
-        "kvtune.engine_sidecar.tiny_model",
+        "kvtune.engine.model.tiny_model",
         "write a seeded random-weight Llama checkpoint (HF format)",
     ),
     "serve": (
-        "kvtune.engine_sidecar.serve",
+        "kvtune.engine.command",
         "the engine server (OpenAI-compatible API, /metrics, admin API)",
     ),
     "proxy": (
         "kvtune.proxy.command",
         "OpenAI-compatible proxy in front of vLLM/SGLang: max_tokens cap, prefix watch",
     ),
-    "doctor": ("kvtune.operator.doctor", "one-shot KV-cache diagnosis and the remedies in ladder order"),
+    "doctor": (
+        "kvtune.operator.doctor.command",
+        "one-shot KV-cache diagnosis and the remedies in ladder order",
+    ),
     "operator": (
         "kvtune.operator.command",
         "the tuning operator (--local: against one engine, no Kubernetes)",
@@ -57,6 +60,11 @@ BENCHES: dict[str, tuple[str, str]] = {
     ),
     "proxy": ("kvtune.bench.proxy", "kvtune proxy in front of an engine against the engine direct"),
     "prefix-defeats": ("kvtune.bench.prefix_defeats", "prefix-defeat detector: precision, recall, cost"),
+    "soak": ("kvtune.bench.soak", "engine memory under a long mixed load with hang-ups: does it level off"),
+    "connections": (
+        "kvtune.bench.connections",
+        "/health with 1,000 idle connections open; slowloris cut-off",
+    ),
 }
 
 

@@ -18,11 +18,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import kvtune.engine_sidecar.model_runner as MR
+import kvtune.engine.model.model_runner as MR
 import kvtune.kernels.cpu_backend as CB
-from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.sampling import SamplingParams
 
 dtype = sys.argv[1] if len(sys.argv) > 1 else "bfloat16"
 threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2

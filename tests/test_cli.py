@@ -18,7 +18,7 @@ def _without(monkeypatch: pytest.MonkeyPatch, package: str, *modules: str) -> No
 
 
 def test_a_verb_whose_package_is_missing_says_which_and_exits_2(monkeypatch, capsys):
-    _without(monkeypatch, "uvicorn", "kvtune.engine_sidecar.serve")
+    _without(monkeypatch, "uvicorn", "kvtune.engine.command")
     assert main(["serve", "--tiny", "--port", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert (
@@ -27,7 +27,7 @@ def test_a_verb_whose_package_is_missing_says_which_and_exits_2(monkeypatch, cap
 
 
 def test_other_verbs_still_parse_and_run(monkeypatch, capsys):
-    _without(monkeypatch, "uvicorn", "kvtune.engine_sidecar.serve")
+    _without(monkeypatch, "uvicorn", "kvtune.engine.command")
     with pytest.raises(SystemExit) as exited:
         main(["bench", "kernels", "--bogus"])  # parsed by its own parser, which rejects the flag
     assert exited.value.code == 2

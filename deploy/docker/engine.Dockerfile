@@ -1,6 +1,6 @@
 # kvtune's engine and proxy image: `kvtune serve` (torch, CPU build) and `kvtune proxy` in front of vLLM or
 # SGLang. Build from the repository root:
-#   docker build -f deploy/docker/engine.Dockerfile -t ghcr.io/kvtune/kvtune-engine:0.1.0 .
+#   docker build -f deploy/docker/engine.Dockerfile -t REGISTRY/kvtune-engine:0.1.0 .
 # TORCH_INDEX: where torch comes from (the CPU wheels by default; a CUDA index for GPU nodes).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 

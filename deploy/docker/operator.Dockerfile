@@ -1,6 +1,7 @@
 # The operator's image: `kvtune operator` (and `kvtune doctor`), the operator extra only: no torch, no web
 # server. Build from the repository root:
-#   docker build -f deploy/docker/operator.Dockerfile -t ghcr.io/kvtune/kvtune-operator:0.1.0 .
+#   docker build -f deploy/docker/operator.Dockerfile -t REGISTRY/kvtune-operator:0.1.0 .
+# Without Docker: scripts/build_image.sh operator.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./

@@ -30,7 +30,7 @@ def machine_description() -> str:
     """A one-line description of the machine a benchmark ran on (CPU model and vector ISA, cores, Python)."""
     import os
 
-    from kvtune.engine_sidecar.serving_dtype import cpu_flags
+    from kvtune.engine.model.serving_dtype import cpu_flags
 
     cpu = platform.processor() or platform.machine()
     try:

@@ -21,7 +21,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens, prompt_block_hashes
+from kvtune.core.prefix_defeats import leading_hits
+from kvtune.core.prefix_hash import prompt_block_hashes, salted_root
 
 VOCAB = 32_000
 ZIPF_EXPONENT = 1.05
@@ -187,23 +188,23 @@ class _Truth:
         salted = (
             plain
             if built.salt is None
-            else prompt_block_hashes(ids, b, parent=_root(built.salt), limit=max_hit)
+            else prompt_block_hashes(ids, b, parent=salted_root(built.salt), limit=max_hit)
         )
-        ideal = _leading(salted, seen)
+        ideal = leading_hits(salted, seen)
         full_plain = prompt_block_hashes(ids, b)
         full_salted = (
-            full_plain if built.salt is None else prompt_block_hashes(ids, b, parent=_root(built.salt))
+            full_plain if built.salt is None else prompt_block_hashes(ids, b, parent=salted_root(built.salt))
         )
         cached = None
         if self.cache_blocks is not None:
-            cached = _leading(salted, self.cache) * b
+            cached = leading_hits(salted, self.cache) * b
             for h in full_salted:
                 self.cache[h] = None
                 self.cache.move_to_end(h)
             while len(self.cache) > self.cache_blocks:
                 self.cache.popitem(last=False)
         lcp = max((i for i in range(1, min(len(ids), b) + 1) if tuple(ids[:i]) in prefixes), default=0)
-        expected = self._expected(kind, built, ideal, _leading(plain, seen), lcp, cached, runs)
+        expected = self._expected(kind, built, ideal, leading_hits(plain, seen), lcp, cached, runs)
         seen.update(full_plain)
         seen.update(full_salted)
         prefixes.update(tuple(ids[:i]) for i in range(1, min(len(ids), b) + 1))
@@ -227,19 +228,6 @@ class _Truth:
         if content == 0 and max(8, b // 2) <= lcp < min(b, n):
             return "shorter_than_block"
         return None
-
-
-def _root(salt: str | None) -> int:
-    return ROOT_HASH if salt is None else hash_block_tokens(ROOT_HASH, tuple(salt.encode()))
-
-
-def _leading(hashes: list[int], table: set[int] | OrderedDict[int, None]) -> int:
-    n = 0
-    for h in hashes:
-        if h not in table:
-            break
-        n += 1
-    return n
 
 
 def generate(

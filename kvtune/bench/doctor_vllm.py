@@ -33,8 +33,6 @@ from typing import Any
 import httpx
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
-from kvtune.bench.load import BatchSpec, LoadResult, run_batch
-from kvtune.bench.scrape import metric_totals
 from kvtune.bench.vllm_cpu import (
     DEFAULT_VENV_DIR,
     VllmServerConfig,
@@ -44,12 +42,14 @@ from kvtune.bench.vllm_cpu import (
 )
 from kvtune.core.predict import Objective
 from kvtune.errors import KvtuneError
-from kvtune.operator.doctor import SINCE_BOOT, collect, examine, report
-from kvtune.operator.doctor_whatif import what_if_section
-from kvtune.operator.engine_view import EngineView
-from kvtune.operator.ladder import plan
-from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.harness.load import BatchSpec, LoadResult, run_batch
+from kvtune.harness.scrape import metric_totals
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.ladder import plan
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.doctor.command import SINCE_BOOT, collect, examine, report
+from kvtune.operator.doctor.whatif import what_if_section
+from kvtune.operator.io.sources import MetricsEndpoint
 
 ORIGINAL = "original"
 RECOMMENDED = "recommended"
@@ -350,7 +350,7 @@ def _replay(
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtune.engine_sidecar.tiny_model import write_tiny_model
+    from kvtune.engine.model.tiny_model import write_tiny_model
 
     if args.rounds < 1:
         raise KvtuneError("--rounds must be at least 1")

@@ -10,7 +10,7 @@ adds its null block), block size 32, max_num_seqs 64, max_model_len 4096, the sa
 (vLLM's CPU default, 2048) and prefix caching on. The runs alternate kvtune, vLLM, kvtune, vLLM, ... so a
 drift in machine load hits both sides alike; boot is never timed.
 
-One client measures both: `kvtune.bench.load.run_batch` sends the seeded request list (the same bodies,
+One client measures both: `kvtune.harness.load.run_batch` sends the seeded request list (the same bodies,
 byte for byte, to either server) all at once, non-streamed. Non-streamed because on a small machine the
 client shares the cores with the server under test: one JSON response per request costs the client almost
 nothing, while parsing ~100k server-sent events would take CPU from whichever server is measured. The
@@ -22,30 +22,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtune.bench.load import BatchSpec, LoadResult, batch_bodies, run_batch
-from kvtune.bench.local_http import free_port, health_ok
-from kvtune.bench.process_memory import PeakMemory
 from kvtune.bench.vllm_cpu import VllmServerConfig
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, LoadResult, batch_bodies, run_batch
+from kvtune.harness.local_http import free_port
+from kvtune.harness.process_memory import PeakMemory
+from kvtune.harness.server import ServerProcess
 
 SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
 DTYPES = ("float32", "bfloat16")
-MODELS = ("tiny", "small")  # kvtune.engine_sidecar.tiny_model.MODEL_SIZES, named here without importing torch
+MODELS = ("tiny", "small")  # kvtune.engine.model.tiny_model.MODEL_SIZES, named here without importing torch
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,6 @@ def section_name(dtype: str, no_prefix_detector: bool = False, model: str = "tin
     return f"{name}-no-prefix-detector" if no_prefix_detector else name
 
 
-_LOG_TAIL_CHARS = 3000
 KVTUNE = "kvtune"
 VLLM = "vLLM"
 
@@ -272,7 +269,7 @@ def serve_argv(
     return argv
 
 
-def kvtune_command(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
+def cpu_serve_argv(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
     """The comparison's `kvtune serve`: on the CPU, optionally without the prefix-defeat detector."""
     argv = serve_argv(args, model_dir, port, "cpu", args.kvtune_threads)
     if args.no_prefix_detector:
@@ -423,7 +420,7 @@ def format_section(
         f"{'off (--no-prefix-detector)' if args.no_prefix_detector else 'on'}. Workload{_workload_origin(args)}: {args.num_requests} requests sent at "
         f"once, random token-id prompts of {low_p}–{high_p} tokens, {low_o}–{high_o} output tokens with "
         f"`ignore_eos`, greedy, seed {args.seed} — the same request list for both. Client: "
-        "`kvtune.bench.load.run_batch`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
+        "`kvtune.harness.load.run_batch`, non-streamed, for both. tokens/s = completion tokens ÷ wall time "
         "of the batch (boot excluded); preemptions = delta of `vllm:num_preemptions_total` on each "
         "server's `/metrics`.",
         f"Machine: {machine}. Revision {revision}, {date}.",
@@ -437,7 +434,7 @@ def format_section(
 
 def model_description(model: str) -> str:
     """The checkpoint in words, with its shape and honest parameter count (for the recorded section)."""
-    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, describe
+    from kvtune.engine.model.tiny_model import MODEL_SIZES, describe
 
     command = "`kvtune tiny-model`" if model == "tiny" else f"`kvtune tiny-model --size {model}`"
     return f"the {model} checkpoint ({command}: {describe(MODEL_SIZES[model])})"
@@ -459,76 +456,10 @@ def _workload_origin(args: argparse.Namespace) -> str:
 # --- servers ---------------------------------------------------------------------------------------------
 
 
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:].strip()
-    except OSError:
-        return ""
-
-
-class KvtuneServer:
-    """`python -m kvtune.cli serve ...` in its own process group; a context manager that stops it."""
-
-    def __init__(self, argv: list[str], port: int, log_path: Path, name: str = "kvtune serve") -> None:
-        self.name = name  # what error messages call it (the proxy bench starts kvtune proxy and a relay too)
-        self.port = port
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            log.write(("$ " + " ".join(argv) + "\n").encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self) -> str:
-        return _tail(self.log_path)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not health_ok(self.url):
-            code = self.process.poll()
-            if code is not None:
-                raise KvtuneError(
-                    f"{self.name} exited with {code} before it was ready (log: {self.log_path}):\n"
-                    f"{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise KvtuneError(
-                    f"{self.name} not ready after {timeout_s:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(0.5)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=grace_s)
-
-    def __enter__(self) -> KvtuneServer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
 def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
     """`model_dir`, with the `model`-size checkpoint written into it first if it holds none."""
     if not (model_dir / "config.json").is_file():
-        from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, write_tiny_model
+        from kvtune.engine.model.tiny_model import MODEL_SIZES, write_tiny_model
 
         print(f"writing the {model} checkpoint to {model_dir}", file=sys.stderr)
         write_tiny_model(model_dir, MODEL_SIZES[model])
@@ -538,7 +469,7 @@ def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
 def check_model_shape(model_dir: Path, model: str) -> None:
     """The recorded section names the model and its parameter count, so a folder holding another shape
     (`--model small --model-dir` at the tiny one's folder) is a clear error, not a mislabelled benchmark."""
-    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES
+    from kvtune.engine.model.tiny_model import MODEL_SIZES
 
     spec = MODEL_SIZES[model]
     config_path = model_dir / "config.json"
@@ -570,7 +501,7 @@ def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index:
     port = free_port()
     boot_start = time.perf_counter()
     log_path = log_dir / f"kvtune-run{index}.log"
-    with KvtuneServer(kvtune_command(args, model_dir, port), port, log_path) as server:
+    with ServerProcess(cpu_serve_argv(args, model_dir, port), port, log_path) as server:
         server.wait_ready(args.boot_timeout)
         boot_s = time.perf_counter() - boot_start
         with PeakMemory(server.process.pid) as peak:

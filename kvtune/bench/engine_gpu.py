@@ -1,9 +1,9 @@
 """`python -m kvtune.bench.engine_gpu --device cuda`: the engine end to end on a device, for each model size.
 
-For the tiny and the small checkpoint (`kvtune.engine_sidecar.tiny_model.MODEL_SIZES`, the shapes `kvtune
+For the tiny and the small checkpoint (`kvtune.engine.model.tiny_model.MODEL_SIZES`, the shapes `kvtune
 bench engine --model` uses) it starts `kvtune serve --device DEVICE` as a subprocess, sends a few short
 requests untimed (the kernels' first compilation is no part of a rate), then the timed batch from kvtune's
-own load generator (`kvtune.bench.load.run_batch`: every request at once, non-streamed, `ignore_eos`), and
+own load generator (`kvtune.harness.load.run_batch`: every request at once, non-streamed, `ignore_eos`), and
 records tokens/s. Step 3 of scripts/gpu_check.sh runs it on CUDA, where a lent machine's minutes are few:
 
 - `--seconds` is a budget for the whole run: a model is not started without `MIN_MODEL_SECONDS` left, and
@@ -34,14 +34,14 @@ from kvtune.bench.engine import (
     ISSUE17,
     MODELS,
     SERVED_MODEL_NAME,
-    KvtuneServer,
     check_model_shape,
     ensure_model,
     serve_argv,
 )
-from kvtune.bench.load import BatchSpec, LoadResult, run_batch
-from kvtune.bench.local_http import free_port
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, LoadResult, run_batch
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import ServerProcess
 
 TABLE_FILE = "engine-gpu.md"
 LOGS_FILE = "engine-gpu-servers.log"
@@ -146,7 +146,7 @@ def run_model(
 ) -> ModelRun:
     """Write the checkpoint (once), boot the server, warm it up, time the batch; every failure becomes the
     row's status rather than an exception, and the server is stopped whatever happens."""
-    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, parameter_count
+    from kvtune.engine.model.tiny_model import MODEL_SIZES, parameter_count
 
     parameters = parameter_count(MODEL_SIZES[model])
     if budget.left() < MIN_MODEL_SECONDS:
@@ -158,7 +158,7 @@ def run_model(
         return ModelRun(model, parameters, f"no checkpoint: {err}")
     port = free_port()
     started = time.perf_counter()
-    server = KvtuneServer(
+    server = ServerProcess(
         serve_command(args, model_dir, port), port, log_path, name=f"kvtune serve ({model})"
     )
     try:
@@ -194,7 +194,7 @@ def format_table(args: argparse.Namespace, runs: Sequence[ModelRun], device_name
         f"--dtype {args.dtype}`, {args.kv_cache_tokens:,} KV tokens, block {args.block_size}, max_num_seqs "
         f"{args.max_num_seqs}, max_num_batched_tokens {args.max_num_batched_tokens}; {args.num_requests} requests "
         f"at once, prompts of {low_p}–{high_p} random token ids, {low_o}–{high_o} output tokens with "
-        "`ignore_eos`, greedy, non-streamed (`kvtune.bench.load.run_batch`), after an untimed warm-up of "
+        "`ignore_eos`, greedy, non-streamed (`kvtune.harness.load.run_batch`), after an untimed warm-up of "
         f"{WARMUP.num_requests} short requests. tokens/s = completion tokens ÷ wall time of the batch.",
         "",
         "| model | parameters | completed | generated tokens | batch (s) | tokens/s | boot (s) | warm-up (s) "
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr)
         return 2
     from kvtune.bench.benchmarks_md import git_revision
-    from kvtune.engine_sidecar.tiny_model import MODEL_SIZES, parameter_count
+    from kvtune.engine.model.tiny_model import MODEL_SIZES, parameter_count
 
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     runs: list[ModelRun] = []

@@ -41,12 +41,14 @@ from typing import Any
 
 import httpx
 
-from kvtune.bench.engine import SERVED_MODEL_NAME, KvtuneServer, default_model_dir, ensure_model
-from kvtune.bench.load import BatchSpec, batch_bodies
-from kvtune.bench.local_http import free_port
-from kvtune.bench.scrape import metric_totals
+from kvtune.bench.engine import SERVED_MODEL_NAME, default_model_dir, ensure_model
+from kvtune.contract.prefix_report import REPORT_PATH
 from kvtune.errors import KvtuneError
-from kvtune.operator.prefix_report import entry_line
+from kvtune.harness.load import BatchSpec, batch_bodies
+from kvtune.harness.local_http import free_port
+from kvtune.harness.scrape import metric_totals
+from kvtune.harness.server import ServerProcess
+from kvtune.operator.io.prefix_report import entry_line
 
 SECTION = "proxy-vs-direct"
 DIRECT, PROXY, RELAY = "direct", "proxy", "tcp relay"
@@ -262,7 +264,7 @@ async def loop_phase(
     limits = httpx.Limits(max_connections=len(systems) + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0, connect=30.0), limits=limits) as client:
         before_metrics = (await client.get(f"{direct}/metrics")).text
-        before_report = (await client.get(f"{proxy}/kvtune/prefix-report")).json()
+        before_report = (await client.get(f"{proxy}{REPORT_PATH}")).json()
 
         async def one(system: str) -> None:
             body = {
@@ -278,7 +280,7 @@ async def loop_phase(
         await asyncio.gather(*(one(system) for system in systems))
         await asyncio.sleep(1.0)  # the proxy's detector runs off the request path: let it catch up
         after_metrics = (await client.get(f"{direct}/metrics")).text
-        after_report = (await client.get(f"{proxy}/kvtune/prefix-report")).json()
+        after_report = (await client.get(f"{proxy}{REPORT_PATH}")).json()
     out, err = await asyncio.to_thread(doctor.communicate, timeout=300)
     if doctor.returncode != 0:
         raise KvtuneError(f"kvtune doctor failed during the closed loop: {err[-500:]}")
@@ -438,7 +440,7 @@ def running_proxy(
         sys.executable, "-m", "kvtune.cli", "proxy", "--upstream", upstream, "--model-dir", str(model_dir),
         "--block-size", str(block_size), "--port", str(port),
     ]  # fmt: skip
-    with KvtuneServer(argv, port, log_path, name="kvtune proxy") as proxy:
+    with ServerProcess(argv, port, log_path, name="kvtune proxy") as proxy:
         proxy.wait_ready(timeout_s)
         yield proxy.url
 
@@ -521,7 +523,7 @@ def running_relay(upstream: str, log_path: Path, timeout_s: float) -> Iterator[s
     port = free_port()
     hostport = upstream.removeprefix("http://").rstrip("/")
     argv = [sys.executable, "-m", "kvtune.bench.tcp_relay", str(port), hostport]
-    with KvtuneServer(argv, port, log_path, name="the TCP relay") as relay:
+    with ServerProcess(argv, port, log_path, name="the TCP relay") as relay:
         relay.wait_ready(timeout_s)  # /health passes through to the upstream
         yield relay.url
 

@@ -11,7 +11,7 @@ client reads that many tokens and then closes the stream, which both servers tre
 the request's KV blocks. That reproduces "declared max_tokens far above the real output" on any server.
 
 Preemptions are the difference of the server's `vllm:num_preemptions_total` (or the `vllm_` spelling)
-scraped from `/metrics` before and after the run. The sending, timing and scraping are `kvtune.bench.load`'s.
+scraped from `/metrics` before and after the run. The sending, timing and scraping are `kvtune.harness.load`'s.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from kvtune.bench.load import RequestResult, StreamedRequest, run_open_loop
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import RequestResult, StreamedRequest, run_open_loop
 from kvtune.sim.distributions import LengthDistribution
 
 

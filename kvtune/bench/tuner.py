@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
-from kvtune.bench.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
+from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
 from kvtune.core.predict import Forecast
 from kvtune.errors import KvtuneError
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.metric_names import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import NoData, Sample
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.harness.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 
 TOKEN = "bench-tuner-token"
 

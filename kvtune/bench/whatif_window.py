@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvtune.contract import metrics as m
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.workload_fit import EngineSettings, MetricsWindow, Scrape
-from kvtune.operator import metric_names as m
-from kvtune.operator.sample import Histogram, Sample, Series
+from kvtune.operator.decide.sample import Histogram, Sample, Series
 
 ITL_SERIES = "vllm:inter_token_latency_seconds"
 VLLM_SIZE_BOUNDS = tuple(float(mantissa * 10**exp) for exp in range(6) for mantissa in (1, 2, 5))

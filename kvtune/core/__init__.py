@@ -14,7 +14,14 @@ from kvtune.core.block_pool import BlockPool
 from kvtune.core.geometry import ModelGeometry
 from kvtune.core.prefix_hash import hash_block_tokens, prompt_block_hashes
 from kvtune.core.request import FinishReason, Request, RequestStatus
-from kvtune.core.scheduler import PrefixCacheStats, Scheduler, SchedulerConfig, SchedulerStep
+from kvtune.core.scheduler import (
+    PrefixCacheStats,
+    Sampled,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerStep,
+    samples_now,
+)
 
 __all__ = [
     "AdmissionBlock",
@@ -27,10 +34,12 @@ __all__ = [
     "PrefixCacheStats",
     "Request",
     "RequestStatus",
+    "Sampled",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStep",
     "hash_block_tokens",
     "make_allocator",
     "prompt_block_hashes",
+    "samples_now",
 ]

@@ -31,10 +31,6 @@ class Snapshot:
     block_table_entries: int
 
     @property
-    def held_and_empty_slots(self) -> int:
-        return self.slots_held - self.tokens_held
-
-    @property
     def effective_utilization(self) -> float:
         return self.tokens_held / self.slots_held if self.slots_held else 1.0
 

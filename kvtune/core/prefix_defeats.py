@@ -23,7 +23,7 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -181,7 +181,8 @@ def _chains(positions: list[int], max_gap: int) -> list[tuple[int, int]]:
     return chains
 
 
-def _leading_hits(hashes: Sequence[int], table: OrderedDict[int, Any]) -> int:
+def leading_hits(hashes: Sequence[int], table: Container[int]) -> int:
+    """How many of `hashes`, from the first, are in `table`: the blocks a prefix cache would hit."""
     n = 0
     for h in hashes:
         if h not in table:
@@ -367,8 +368,8 @@ class PrefixDefeatDetector:
         n = len(p.ids)
         # An engine computes at least the last token, so a full hit gives back its last block.
         max_hit = (n - 1) // b if n else 0
-        cache_hit = _leading_hits(p.salted[:max_hit], state.blocks)
-        content_hit = _leading_hits(p.plain[:max_hit], state.blocks)
+        cache_hit = leading_hits(p.salted[:max_hit], state.blocks)
+        content_hit = leading_hits(p.plain[:max_hit], state.blocks)
         if cached_tokens is not None and 0 <= cached_tokens < cache_hit * b:
             first_missed = cached_tokens // b
             last_use = state.blocks[p.salted[first_missed]]
@@ -379,7 +380,7 @@ class PrefixDefeatDetector:
         if salt is not None and content_hit > cache_hit:
             missed = (content_hit - cache_hit) * b
             return self._finding(p, "salted", missed, cache_hit * b, missed, 0, content_hit * b)
-        lcp = _leading_hits(p.prefix, state.prefixes)
+        lcp = leading_hits(p.prefix, state.prefixes)
         run = self._shared_run(state, p, covered=cache_hit * b)
         if run is not None:
             span_start = max(min(lcp, run.start), cache_hit * b)

@@ -11,6 +11,7 @@ skipped, so when it does not fit the reason is recorded (head-of-line blocking).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvtune.core.allocators import AdmissionBlock, KVAllocator
@@ -61,6 +62,22 @@ class PrefixCacheStats:
         self.hits += num_hit_tokens
 
 
+def samples_now(req: Request) -> bool:
+    """Who samples this step, said once for the engine, the simulator and the tests: a running request
+    whose every known token is computed (a prompt's last chunk, or a decode)."""
+    return req.status is RequestStatus.RUNNING and req.num_computed_tokens == req.num_tokens
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """A token one step sampled for `request`; `stop` when it is EOS or a stop token id (the output ends
+    on it)."""
+
+    request: Request
+    token: int
+    stop: bool = False
+
+
 @dataclass
 class SchedulerStep:
     """What one step runs: requests and how many tokens each computes, in order."""
@@ -78,8 +95,8 @@ class SchedulerStep:
         return sum(self.num_tokens)
 
     def sampling_requests(self) -> list[Request]:
-        """Requests whose every known token is now computed, so this step samples their next token."""
-        return [r for r in self.requests if r.num_computed_tokens == r.num_tokens]
+        """The requests this step samples the next token of (`samples_now`), in step order."""
+        return [r for r in self.requests if samples_now(r)]
 
 
 class Scheduler:
@@ -231,6 +248,22 @@ class Scheduler:
         )
 
     # --- results of a step ---------------------------------------------------------------------------
+    def update_from_output(self, sampled: Iterable[Sampled]) -> list[Request]:
+        """Apply what a step sampled: append each token, and finish its request on a stop token, max_tokens
+        or its known length. Returns the requests it finished. (Stop strings, which only text shows, end a
+        request through `finish`.)"""
+        finished = []
+        for one in sampled:
+            if self.append_token(one.request, one.token, eos=one.stop):
+                finished.append(one.request)
+        return finished
+
+    def withdraw_faulted(self, faulted: Iterable[tuple[Request, int]]) -> None:
+        """Chunks a step failed to compute, as (request, tokens in the chunk): their KV was never written, so
+        no later request may take those blocks as a prefix hit."""
+        for req, count in faulted:
+            self.allocator.withdraw_unwritten(req, req.num_computed_tokens - count)
+
     def append_token(self, req: Request, token_id: int, eos: bool = False) -> bool:
         """Record a sampled token; finish the request on EOS, max_tokens or its known length. True if done."""
         req.output_token_ids.append(token_id)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from kvtune.dashboards.grafana import dashboard_json, dashboard_uids
 
-DEFAULT_DIR = Path("dashboards")
 REBUILD_COMMAND = "kvtune dashboards build"
 
 

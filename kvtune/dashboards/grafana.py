@@ -60,6 +60,13 @@ POLICY_VARIABLE = (
     "Policy",
     'label_values(kvtune_operator_last_evaluation_timestamp_seconds{namespace=~"$namespace"}, policy)',
 )
+# The operator dashboard's namespaces are the policies' own (its series carry them, kept by the chart's
+# ServiceMonitor with honorLabels), so it fills without the engines scraped.
+OPERATOR_NAMESPACE_VARIABLE = (
+    "namespace",
+    "Namespace",
+    "label_values(kvtune_operator_last_evaluation_timestamp_seconds, namespace)",
+)
 
 
 def _variable(name: str, label: str, query: str) -> QueryVariable:
@@ -130,7 +137,10 @@ def build_dashboard(uid: str) -> Dashboard:
         .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
     )
     used = {name for spec in specs for target in spec.targets for name in _variables_in(target.expr)}
-    for name, label, query in ENGINE_VARIABLES:
+    variables = ENGINE_VARIABLES
+    if uid == p.OPERATOR_UID:
+        variables = (OPERATOR_NAMESPACE_VARIABLE, *ENGINE_VARIABLES[1:])
+    for name, label, query in variables:
         dashboard = dashboard.with_variable(_variable(name, label, query))
     if "policy" in used:
         dashboard = dashboard.with_variable(_variable(*POLICY_VARIABLE))

@@ -118,8 +118,8 @@ def _kv_cache() -> list[PanelSpec]:
             "KV cache",
             "Effective utilisation against reserved",
             "Reserved: share of the cache held by requests. Effective: share of the held slots that hold a "
-            "token (kvtune engine only). Healthy: effective close to reserved; a wide gap is memory held for "
-            "tokens that are never written.",
+            "token (kvtune engine only: on vLLM and SGLang only the reserved line is drawn). Healthy: effective "
+            "close to reserved; a wide gap is memory held for tokens that are never written.",
             (
                 Target(f"max by (pod) (kvtune_engine:kv_usage:ratio{{{ENGINE}}})", "reserved {{pod}}", RATIO),
                 Target(
@@ -154,8 +154,9 @@ def _kv_cache() -> list[PanelSpec]:
             d,
             "Concurrency",
             "Live max_num_seqs",
-            "The engine's admission limit now (kvtune engine, changed live by the operator). Healthy: steady, "
-            "at or below the real concurrency ceiling.",
+            "The engine's admission limit now (kvtune engine, changed live by the operator; no data is expected "
+            "on vLLM or SGLang: the operator dashboard's max_num_seqs panel shows theirs). Healthy: steady, at "
+            "or below the real concurrency ceiling.",
             (Target(f"max by (pod) (kvtune_engine:max_num_seqs{{{ENGINE}}})", "{{pod}}", SEQUENCES),),
         ),
         PanelSpec(
@@ -186,7 +187,7 @@ def _kv_cache() -> list[PanelSpec]:
             "Prefix cache",
             "Prefix-cache defeats by reason",
             "Prompts whose shared prefix is defeated (a timestamp at the head, a varying id), per reason "
-            "(kvtune proxy or engine). Healthy: zero.",
+            "(kvtune proxy or engine; no data is expected without one). Healthy: zero.",
             (
                 Target(
                     f"sum by (reason) (kvtune_engine:prefix_defeats:rate5m{{{ENGINE}}})",
@@ -233,8 +234,8 @@ def _kv_cache() -> list[PanelSpec]:
             d,
             "Requests",
             "Capped requests",
-            "Requests whose max_tokens the cap lowered, per mode. Healthy: zero without a cap; with one, "
-            "a steady share and no rise in truncated answers.",
+            "Requests whose max_tokens the cap lowered, per mode (kvtune proxy or engine; no data is expected "
+            "without one). Healthy: zero without a cap; with one, a steady share and no rise in truncated answers.",
             (
                 Target(
                     f"sum by (mode) (kvtune_engine:capped_requests:rate5m{{{ENGINE}}})",

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from kvtune.demo.engine import check_port_free, free_port
+from kvtune.demo.engine import check_port_free
 from kvtune.demo.report_summary import figures_line
 from kvtune.demo.run import FULL, QUICK, Demo
 from kvtune.demo.timeline import Timeline
 from kvtune.demo.view import LiveView
+from kvtune.harness.local_http import free_port
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def _interrupt(signum: int, _frame: FrameType | None) -> None:
 def write_outputs(timeline: Timeline, out_dir: Path) -> Path:
     """timeline.json always (the run's raw record); the report from kvtune.demo.report."""
     (out_dir / "timeline.json").write_text(json.dumps(timeline.to_json(), indent=2) + "\n")
-    from kvtune.demo.report import write_report  # type: ignore[import-not-found,unused-ignore]
+    from kvtune.demo.report import write_report  # matplotlib: loaded only when a report is written
 
     path: Path = write_report(timeline, out_dir)
     return path

@@ -1,21 +1,14 @@
-"""The demo's engine: `kvtune serve --tiny` as a child process in its own process group, so stopping it
-stops everything it started, on a port checked free first; a boot that fails is one clear line."""
+"""The demo's engine: `kvtune serve --tiny` as a `ServerProcess` (its own process group, so stopping it
+stops everything it started), on a port checked free first; a boot that fails is one clear line."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from kvtune.bench.engine_process import kvtune_command
 from kvtune.errors import KvtuneError
+from kvtune.harness.server import ServerProcess, cli_argv
 
 BOOT_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 3.0  # uvicorn waits for open streams; the demo's clients retry
@@ -34,13 +27,6 @@ def check_port_free(port: int) -> None:
             ) from None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True)
 class EngineSpec:
     port: int
@@ -52,7 +38,7 @@ class EngineSpec:
     threads: int
 
     def command(self, kv_cache_dtype: str) -> list[str]:
-        return kvtune_command(
+        return cli_argv(
             "serve", "--tiny", "--served-model-name", MODEL_NAME, "--port", str(self.port),
             "--admin-token-file", str(self.token_file), "--log-stats-interval", "0",
             "--threads", str(self.threads), "--dtype", self.dtype,
@@ -62,54 +48,34 @@ class EngineSpec:
 
 
 class Engine:
-    """One running engine process; `stop()` ends its whole process group and waits for the port to close."""
+    """One running engine process (a `ServerProcess`); `stop()` ends its whole process group."""
 
     def __init__(self, spec: EngineSpec, kv_cache_dtype: str) -> None:
         self.spec = spec
         self.kv_cache_dtype = kv_cache_dtype
-        self.url = f"http://127.0.0.1:{spec.port}"
         check_port_free(spec.port)
-        with spec.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                spec.command(kv_cache_dtype), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.server = ServerProcess(spec.command(kv_cache_dtype), spec.port, spec.log, name="the engine",
+                                    append=True, header=False)  # fmt: skip
+        self.url = self.server.url
         try:
-            self._wait_ready()
+            self.server.wait_ready(BOOT_TIMEOUT_S)
+        except KvtuneError:
+            self.stop()
+            if self.server.process.poll() is not None:
+                raise KvtuneError(f"the engine exited while booting: {last_line(spec.log)}") from None
+            raise KvtuneError(
+                f"the engine did not answer within {BOOT_TIMEOUT_S:.0f} s (log: {spec.log})"
+            ) from None
         except BaseException:
             self.stop()
             raise
 
     @property
     def pid(self) -> int:
-        return self.process.pid
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise KvtuneError(f"the engine exited while booting: {last_line(self.spec.log)}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise KvtuneError(f"the engine did not answer within {BOOT_TIMEOUT_S:.0f} s (log: {self.spec.log})")
+        return self.server.process.pid
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.process.pid, signal.SIGKILL)
-                self.process.wait(STOP_TIMEOUT_S)
-        _signal_group(self.process.pid, signal.SIGKILL)  # anything the engine itself left in its group
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
+        self.server.stop(STOP_TIMEOUT_S)
 
 
 def last_line(log: Path) -> str:

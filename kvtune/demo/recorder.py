@@ -7,12 +7,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.demo.timeline import Action, Point
-from kvtune.operator import metric_names as m
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.local import Tick
-from kvtune.operator.sample import NoData, Sample, SampleResult
-from kvtune.operator.sources import MetricSource
+from kvtune.operator.decide.loop import Tick
+from kvtune.operator.decide.ports import MetricSource
+from kvtune.operator.decide.sample import NoData, Sample, SampleResult
 
 RUNG_OF_KNOB = {KNOB_MAX_TOKENS_CAP: "cap_max_tokens", KNOB_MAX_NUM_SEQS: "lower_max_num_seqs"}
 
@@ -23,6 +23,10 @@ class RecordingSource:
     def __init__(self, source: MetricSource) -> None:
         self.source = source
         self.last: Sample | None = None
+
+    @property
+    def proxy_problem(self) -> str | None:
+        return self.source.proxy_problem
 
     def read(self) -> SampleResult:
         result = self.source.read()

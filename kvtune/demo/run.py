@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from kvtune.bench.load import BackgroundLoad, Failure, failure_cause
+from kvtune.contract import metrics as m
+from kvtune.contract.prefix_report import report_url
 from kvtune.demo.engine import Engine, EngineSpec
 from kvtune.demo.recorder import Recorder, RecordingSource
 from kvtune.demo.timeline import Action, Figures, Point, Timeline, span_hit_rate
@@ -36,13 +37,13 @@ from kvtune.demo.workload import (
     shared_prompt,
 )
 from kvtune.errors import KvtuneError
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.local import run_loop
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.prefix_report import defeat_entries, entry_line, fetch_report, report_url
-from kvtune.operator.sample import NoData, Sample
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.harness.load import BackgroundLoad, Failure, failure_cause
+from kvtune.operator.decide.loop import run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.prefix_report import defeat_entries, entry_line, fetch_report
+from kvtune.operator.io.sources import MetricsEndpoint
 
 KV_BYTES_PER_TOKEN_BF16 = 2 * 4 * 2 * 32 * 2  # K and V x 4 layers x 2 KV heads x head_dim 32 x 2 bytes
 

@@ -14,8 +14,8 @@ import random
 import threading
 import time
 
-from kvtune.bench.load import LoadShape
 from kvtune.demo.engine import MODEL_NAME
+from kvtune.harness.load import LoadShape
 
 DECLARED_MAX_TOKENS = 2048
 ANSWER_TOKENS = (224, 288)  # about 256

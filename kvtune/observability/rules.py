@@ -15,14 +15,27 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from kvtune import __version__
+from kvtune.contract import metrics as m
+from kvtune.contract.metrics import spellings
+
 KEEP = ("namespace", "pod", "model_name")
 RATE_WINDOW = "5m"
-RUNBOOK_URL = "https://github.com/kvtune/kvtune/blob/main/README.md#runbook-{anchor}"
-# Filled in by whoever reads the alert: the Prometheus the alert came from.
-DOCTOR_COMMAND = (
-    "kvtune doctor --prometheus <PROMETHEUS_URL> "
-    '--selector \'namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"\''
-)
+# One page per alert under docs/runbooks/, at this release's tag (a test resolves every one to its file).
+RUNBOOK_BASE = f"https://github.com/kvtune/kvtune/blob/v{__version__}/docs/runbooks"
+RUNBOOK_DIR = "docs/runbooks"
+# Zero-install: the operator's image holds `kvtune doctor`, so on-call runs it where the operator runs. Spelt
+# for the chart's defaults (release "kvtune" in "kvtune-system"); the chart rewrites the namespace, the
+# Deployment and <PROMETHEUS_URL> for its release (monitoring.prometheusRule.prometheusUrl).
+DOCTOR_EXEC = "kubectl -n kvtune-system exec deploy/kvtune --"
+PROMETHEUS_PLACEHOLDER = "<PROMETHEUS_URL>"
+
+
+def doctor_command(selector: str) -> str:
+    return f"{DOCTOR_EXEC} kvtune doctor --prometheus {PROMETHEUS_PLACEHOLDER} --selector '{selector}' --since 1h"
+
+
+DOCTOR_COMMAND = doctor_command('namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"')
 ENGINE_GROUP = "kvtune-engine.rules"
 ENGINE_ALERT_GROUP = "kvtune-engine.alerts"
 OPERATOR_ALERT_GROUP = "kvtune-operator.alerts"
@@ -38,7 +51,8 @@ class RecordingRule:
 
 @dataclass(frozen=True)
 class AlertRule:
-    """An alert with what a person paged needs: what happened where, the runbook, the doctor command."""
+    """An alert with what a person paged needs: what happened where, the runbook, the doctor command.
+    Severity: `critical` pages (act now), `warning` is a ticket for working hours."""
 
     alert: str
     expr: str
@@ -46,12 +60,12 @@ class AlertRule:
     severity: str
     summary: str
     description: str
-    doctor: str = DOCTOR_COMMAND
+    doctor: str | None = DOCTOR_COMMAND  # None: no doctor command helps (the operator itself is down)
     extra_labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def runbook_url(self) -> str:
-        return RUNBOOK_URL.format(anchor=self.alert.lower())
+        return f"{RUNBOOK_BASE}/{self.alert}.md"
 
 
 @dataclass(frozen=True)
@@ -62,15 +76,7 @@ class RuleGroup:
     rules: Sequence[RecordingRule | AlertRule]
 
 
-# --- source names ------------------------------------------------------------------------------------------
-def spellings(*colon_names: str) -> list[str]:
-    """Each name in its colon spelling and in the underscore spelling an OpenMetrics scrape stores."""
-    out: list[str] = []
-    for name in colon_names:
-        out += [name, name.replace(":", "_", 1)]
-    return out
-
-
+# --- source names (kvtune.contract.metrics: the operator reads the same families) ---------------------------
 def _any_of(names: Sequence[str], function: str | None = None) -> str:
     """`a or b or ...`, each wrapped in `function(name[5m])` when a function is given."""
     terms = list(names) if function is None else [f"{function}({name}[{RATE_WINDOW}])" for name in names]
@@ -82,39 +88,29 @@ def _by(aggregation: str, inner: str, *extra: str) -> str:
     return f"{aggregation} by ({labels}) (\n  {inner}\n)"
 
 
-KV_USAGE = spellings("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-PREEMPTIONS = spellings(
-    "vllm:num_preemptions_total",
-    "sglang:num_retracted_requests_total",
-    "sglang:total_retracted_reqs",  # older SGLang: a cumulative count kept in a gauge
-)
-RUNNING = spellings("vllm:num_requests_running", "sglang:num_running_reqs")
-WAITING = spellings("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-PREFIX_HITS = spellings(
-    "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "sglang:cached_tokens_total"
-)
-PREFIX_QUERIES = spellings(
-    "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total", "sglang:prompt_tokens_total"
-)
+KV_USAGE = spellings(*m.series_of(m.KV_USAGE))
+PREEMPTIONS = spellings(*m.series_of(m.PREEMPTIONS))
+RUNNING = spellings(*m.series_of(m.RUNNING))
+WAITING = spellings(*m.series_of(m.WAITING))
+# SGLang counts cached prompt tokens among its prompt tokens: its hit rate is the one pair it has.
+PREFIX_HITS = spellings(*m.series_of(m.PREFIX_HITS), *m.series_of(m.PROMPT_TOKENS_CACHED, "sglang"))
+PREFIX_QUERIES = spellings(*m.series_of(m.PREFIX_QUERIES), *m.series_of(m.PROMPT_TOKENS, "sglang"))
 HISTOGRAMS: dict[str, list[str]] = {
-    "ttft_seconds": spellings("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
-    "itl_seconds": spellings(
-        "vllm:inter_token_latency_seconds",
-        "vllm:time_per_output_token_seconds",  # its name before vLLM 0.10
-        "sglang:inter_token_latency_seconds",
-    ),
-    "e2e_seconds": spellings("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
-    "queue_seconds": spellings("vllm:request_queue_time_seconds"),
-    "prompt_tokens": spellings("vllm:request_prompt_tokens", "sglang:prompt_tokens_histogram"),
-    "generation_tokens": spellings("vllm:request_generation_tokens", "sglang:generation_tokens_histogram"),
-    "max_tokens": spellings("vllm:request_params_max_tokens"),
+    "ttft_seconds": spellings(*m.TTFT_SERIES),
+    "itl_seconds": spellings(*m.ITL_SERIES),
+    "e2e_seconds": spellings(*m.E2E_SERIES),
+    "queue_seconds": spellings(*m.QUEUE_SERIES),
+    "prompt_tokens": spellings(*m.series_of(m.REQUEST_PROMPT_TOKENS)),
+    "generation_tokens": spellings(*m.series_of(m.REQUEST_GENERATION_TOKENS)),
+    "max_tokens": spellings(*m.series_of(m.REQUEST_MAX_TOKENS)),
 }
 # Series every engine (or proxy) exposes from its first scrape: what `kvtune_engine:up` counts.
-PRESENCE = [*RUNNING, *spellings("kvtune:max_tokens_cap")]
+PRESENCE = [*RUNNING, *spellings(*m.series_of(m.MAX_TOKENS_CAP))]
 
 
-def _kvtune_only(name: str) -> str:
-    return _any_of(spellings(name))
+def _kvtune_only(canonical: str) -> str:
+    """The series of kvtune's own (what vLLM lacks) that means `canonical`, in both spellings."""
+    return _any_of(spellings(*m.series_of(canonical, "kvtune")))
 
 
 def _indent(text: str) -> str:
@@ -140,20 +136,18 @@ def recording_rules() -> list[RecordingRule]:
         RecordingRule("kvtune_engine:prefix_hit:ratio", _hit_ratio()),
         RecordingRule(
             "kvtune_engine:prefix_defeats:rate5m",
-            _by("sum", _any_of(spellings("kvtune:prefix_defeats_total"), "rate"), "reason"),
+            _by("sum", _any_of(spellings(*m.series_of(m.PREFIX_DEFEATS)), "rate"), "reason"),
         ),
         RecordingRule(
             "kvtune_engine:prefix_defeat_tokens:rate5m",
-            _by("sum", _any_of(spellings("kvtune:prefix_defeat_tokens_total"), "rate"), "reason"),
+            _by("sum", _any_of(spellings(*m.series_of(m.PREFIX_DEFEAT_TOKENS)), "rate"), "reason"),
         ),
-        RecordingRule(
-            "kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only("kvtune:kv_effective_utilization"))
-        ),
-        RecordingRule("kvtune_engine:max_num_seqs", _by("max", _kvtune_only("kvtune:max_num_seqs"))),
-        RecordingRule("kvtune_engine:max_tokens_cap", _by("max", _kvtune_only("kvtune:max_tokens_cap"))),
+        RecordingRule("kvtune_engine:kv_effective:ratio", _by("max", _kvtune_only(m.KV_EFFECTIVE))),
+        RecordingRule("kvtune_engine:max_num_seqs", _by("max", _kvtune_only(m.MAX_NUM_SEQS))),
+        RecordingRule("kvtune_engine:max_tokens_cap", _by("max", _kvtune_only(m.MAX_TOKENS_CAP))),
         RecordingRule(
             "kvtune_engine:capped_requests:rate5m",
-            _by("sum", _any_of(spellings("kvtune:capped_requests_total"), "rate"), "mode"),
+            _by("sum", _any_of(spellings(*m.series_of(m.CAPPED_REQUESTS)), "rate"), "mode"),
         ),
     ]
     for short, names in HISTOGRAMS.items():
@@ -188,8 +182,9 @@ def alert_rules() -> list[AlertRule]:
             description=(
                 f'{WHERE} {MODEL} preempted about {{{{ $value | printf "%.0f" }}}} requests in the last 5 '
                 "minutes: the KV cache ran out of blocks, and running requests were evicted to recompute "
-                "their prompts later. Any preemption wastes compute and adds latency. Run the doctor "
-                "(annotation `doctor`) for the cause and the remedies in ladder order."
+                "their prompts later. Each one wastes the compute already spent on that request and delays "
+                "it. A ticket, not a page (KVCachePreemptionStorm pages): run the doctor (annotation "
+                "`doctor`) for the cause and the remedies in ladder order."
             ),
         ),
         AlertRule(
@@ -201,7 +196,7 @@ def alert_rules() -> list[AlertRule]:
             description=(
                 f"{WHERE} {MODEL} has preempted more than one request per second for 5 minutes "
                 '({{ $value | printf "%.1f" }}/s now): most of its compute goes to recomputing evicted '
-                "prompts. Lower max_num_seqs or cap max_tokens now; the doctor gives the values."
+                "prompts. This pages: lower max_num_seqs or cap max_tokens now; the doctor gives the values."
             ),
         ),
         AlertRule(
@@ -281,8 +276,38 @@ def operator_alert_rules() -> list[AlertRule]:
                 "read{{ end }} for policy {{ $labels.namespace }}/{{ $labels.policy }} for 15 minutes: it "
                 "can neither diagnose nor tune that engine. Its log and the policy's status conditions say why."
             ),
-            doctor="kvtune doctor --prometheus <PROMETHEUS_URL> --selector 'namespace=\"{{ $labels.namespace }}\"'",
-        )
+            doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
+        ),
+        AlertRule(
+            alert="KVTuneOperatorDown",
+            expr="absent(kvtune_operator_info)",
+            for_="10m",
+            severity="warning",
+            summary="No kvtune operator has been scraped for 10 minutes",
+            description=(
+                "Prometheus holds no kvtune_operator_info series: the operator's pod is down, crash-looping or "
+                "not scraped (its ServiceMonitor is not selected, or the scrape fails). Policies are neither "
+                "evaluated nor tuned meanwhile; the engines keep the values last applied."
+            ),
+            doctor=None,  # nothing to run it in: the runbook starts from the operator's pod
+        ),
+        AlertRule(
+            alert="KVTuneOperatorStalled",
+            expr=(
+                "time() - kvtune_operator_last_evaluation_timestamp_seconds\n"
+                "> on (namespace, policy)\n"
+                "3 * kvtune_operator_evaluation_interval_seconds"
+            ),
+            for_="5m",
+            severity="warning",
+            summary="kvtune operator stopped evaluating {{ $labels.namespace }}/{{ $labels.policy }}",
+            description=(
+                "The operator is scraped but has not evaluated policy {{ $labels.namespace }}/"
+                "{{ $labels.policy }} for more than three of its intervals ({{ $value | humanizeDuration }} "
+                "since the last): the policy's loop is stuck. The policy is neither diagnosed nor tuned."
+            ),
+            doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
+        ),
     ]
 
 
@@ -302,7 +327,7 @@ def _rule_dict(rule: RecordingRule | AlertRule) -> dict[str, object]:
         "summary": rule.summary,
         "description": rule.description,
         "runbook_url": rule.runbook_url,
-        "doctor": rule.doctor,
+        **({"doctor": rule.doctor} if rule.doctor else {}),
     }
     return {
         "alert": rule.alert,

@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.errors import KvtuneError
-from kvtune.operator.actuators import PROXY_KNOBS, Actuator, ComposedActuator, KvtuneAdminActuator
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.own_metrics import DEFAULT_PORT, OperatorMetrics
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, MetricSource, url_problem
+from kvtune.operator.decide.diagnosis import Diagnosis, corrupt_text, known
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import Actuator, MetricSource
+from kvtune.operator.io.actuators import PROXY_KNOBS, ComposedActuator, KvtuneAdminActuator
+from kvtune.operator.io.own_metrics import DEFAULT_PORT, OperatorMetrics
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, url_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,10 +81,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="in cluster: serve kopf's health check on http://0.0.0.0:PORT/healthz (the pod's probes)",
     )
     parser.add_argument(
+        "--max-mode",
+        choices=[m.value for m in Mode],
+        default=Mode.APPLY.value,
+        help="in cluster: the highest mode any KVTuningPolicy runs in; a policy asking for more runs at this "
+        "mode, with condition ModeCapped (the chart sets it from maxMode, Recommend by default)",
+    )
+    parser.add_argument(
+        "--delete-policies",
+        action="store_true",
+        help="in cluster, once: delete every KVTuningPolicy in the --namespace(s) (or -A) and wait until the "
+        "running operator has released them; for uninstalling (the chart's uninstall.deletePolicies hook)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="--delete-policies: seconds to wait (default 120)"
+    )
+    parser.add_argument(
         "--peering",
         metavar="NAME",
         help="in cluster: coordinate replicas through the kopf peering object NAME (one acts, the others "
         "stand by); without it the operator runs standalone",
+    )
+
+
+def tick_line(note: str, d: Diagnosis) -> str:
+    """One tick as the local loop logs it: a figure it could not read (no sample, a corrupt series) says
+    `unknown`, never 0, so an on-call can tell an idle engine from one whose metrics are broken."""
+    return (
+        f"{note}; preemptions {known(d.preemption_rate, '.2f')}/s, KV usage max {known(d.kv_usage_max, '.0%')}, "
+        f"waiting {known(d.waiting_mean, '.1f')}, goodput {known(d.goodput, '.0f')} tokens/s"
     )
 
 
@@ -108,11 +135,11 @@ def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
         raise KvtuneError(str(err)) from None
 
 
-def serve_own_metrics(port: int) -> OperatorMetrics:
+def serve_own_metrics(port: int, max_mode: Mode = Mode.APPLY) -> OperatorMetrics:
     """The operator's metrics registry, served on `port` unless it is 0."""
     if not 0 <= port <= 65535:
         raise KvtuneError(f"--metrics-port {port}: must be 0-65535")
-    metrics = OperatorMetrics()
+    metrics = OperatorMetrics(max_mode.value)
     if port:
         try:
             metrics.serve(port)
@@ -133,14 +160,17 @@ def run_in_cluster(args: argparse.Namespace) -> int:
         raise KvtuneError("--peering needs a name (the KopfPeering / ClusterKopfPeering object)")
     import kopf
 
-    import kvtune.operator.handlers  # noqa: F401  (registers the handlers)
-    from kvtune.operator.peering import kopf_peering_arguments
+    import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers)
+    from kvtune.operator.k8s.peering import kopf_peering_arguments
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
-    metrics = serve_own_metrics(args.metrics_port)
+    max_mode = Mode(args.max_mode)
+    metrics = serve_own_metrics(args.metrics_port, max_mode)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    logging.getLogger("kvtune.operator").info("no policy runs above mode %s (--max-mode)", max_mode.value)
     kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace, liveness_endpoint=liveness,
-             memo=kopf.Memo(operator_metrics=metrics), **kopf_peering_arguments(args.peering))  # fmt: skip
+             memo=kopf.Memo(operator_metrics=metrics, max_mode=max_mode),
+             **kopf_peering_arguments(args.peering))  # fmt: skip
     return 0
 
 
@@ -192,16 +222,22 @@ def local_wiring(args: argparse.Namespace) -> tuple[MetricSource, Actuator]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.delete_policies:
+        if args.local or bool(args.namespace) == bool(args.all_namespaces):
+            raise KvtuneError("--delete-policies needs --namespace NS (repeatable) or --all-namespaces")
+        from kvtune.operator.k8s import uninstall
+
+        return uninstall.run(args.namespace, args.timeout)
     if not args.local:
         return run_in_cluster(args)
-    from kvtune.operator.local_metrics import LocalRecorder  # loads policy_tick, hence kopf: only when run
+    from kvtune.operator.io.local_metrics import LocalRecorder  # prometheus_client's registry: only when run
 
     if args.interval <= 0:
         raise KvtuneError(f"--interval must be positive, got {args.interval}")
     source, actuator = local_wiring(args)
     policy = policy_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
-    record = LocalRecorder(serve_own_metrics(args.metrics_port), args.target, policy)
+    record = LocalRecorder(serve_own_metrics(args.metrics_port), args.target, policy, args.interval)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     stop = threading.Event()
 
@@ -219,12 +255,10 @@ def run(args: argparse.Namespace) -> int:
         if proxy_problem:
             log.warning("proxy metrics missing this tick (defeat and cap series): %s", proxy_problem)
         if tick.decision is not None and not tick.applied:
-            d = tick.decision.diagnosis
-            log.info(
-                "%s; preemptions %.2f/s, KV usage max %s, waiting %.1f, goodput %.0f tokens/s",
-                tick.decision.note, d.preemption_rate or 0, f"{d.kv_usage_max or 0:.0%}",
-                d.waiting_mean or 0, d.goodput or 0,
-            )  # fmt: skip
+            log.info("%s", tick_line(tick.decision.note, tick.decision.diagnosis))
+            if tick.decision.diagnosis.corrupt:
+                log.warning("corrupt metrics, dropped and never used as figures: %s",
+                            corrupt_text(tick.decision.diagnosis.corrupt))  # fmt: skip
 
     via = f" through the proxy {args.proxy}" if args.proxy else ""
     log.info("tuning %s%s every %.1f s (mode %s)", args.target, via, args.interval, policy.mode.value)

@@ -1,93 +1,47 @@
 """`GET`/`PATCH /admin/config` on the proxy: the live max_tokens cap and its mode, no restart.
 
-The same contract as the engine's admin API (kvtune/engine_sidecar/admin.py), so the operator sets the cap
-in front of vLLM or SGLang exactly as on a kvtune engine: a bearer token read from a file, no routes at all
-(404) without one, `"max_tokens_cap": null` removes the cap, unknown fields and bad values are 400s and a
-rejected patch changes nothing. The proxy has no `max_num_seqs` to offer: that one stays the upstream's.
+The engine's routes (`front.admin`: the bearer-token guard, 404 without a token, 400s for unknown fields and
+bad values), so the operator sets the cap in front of vLLM or SGLang exactly as on a kvtune engine;
+`"max_tokens_cap": null` removes the cap. The proxy has no `max_num_seqs` to offer: that one stays the
+upstream's.
 """
 
 from __future__ import annotations
 
-import hmac
-import logging
 from collections.abc import Callable
-from typing import Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import RequestBodyError, parse_json
-from kvtune.proxy.cap import CapPolicy
+from kvtune.contract.admin import CapSetting, ProxyAdminConfig, ProxyAdminConfigPatch
+from kvtune.front.admin import admin_router
+from kvtune.front.body import parse_json
 from kvtune.proxy.door import read_body
-
-logger = logging.getLogger(__name__)
-
-
-class ProxyAdminConfig(BaseModel):
-    max_tokens_cap: int | None
-    cap_mode: Literal["clamp", "reject"]
-
-
-class ProxyAdminConfigPatch(BaseModel):
-    """Fields absent from the body stay as they are; `"max_tokens_cap": null` removes the cap."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_tokens_cap: StrictInt | None = Field(default=None, ge=1)
-    cap_mode: Literal["clamp", "reject"] | None = None
 
 
 def build_proxy_admin_router(
     token: str | None,
-    current: Callable[[], CapPolicy],
-    change: Callable[[CapPolicy], None],
+    current: Callable[[], CapSetting],
+    change: Callable[[CapSetting], None],
     max_body_bytes: int,
 ) -> APIRouter:
     """The admin routes over the live cap (`current` reads it, `change` installs a new one), or an empty
     router when no token is configured."""
-    router = APIRouter()
-    if token is None:
-        return router
-    expected = f"Bearer {token}".encode()
 
-    def authorized(request: Request) -> bool:
-        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+    def config_of(setting: CapSetting) -> ProxyAdminConfig:
+        return ProxyAdminConfig(max_tokens_cap=setting.cap, cap_mode=setting.mode)
 
-    def unauthorized() -> JSONResponse:
-        return JSONResponse(
-            error_body(401, "a valid admin bearer token is required"),
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-    def config_of(policy: CapPolicy) -> JSONResponse:
-        return JSONResponse(ProxyAdminConfig(max_tokens_cap=policy.cap, cap_mode=policy.mode).model_dump())
-
-    @router.get("/admin/config")
-    async def get_config(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
+    async def read_config() -> ProxyAdminConfig:
         return config_of(current())
 
-    @router.patch("/admin/config")
-    async def patch_config(request: Request) -> JSONResponse:
-        if not authorized(request):
-            return unauthorized()
-        try:
-            patch = ProxyAdminConfigPatch.model_validate(parse_json(await read_body(request, max_body_bytes)))
-        except RequestBodyError as err:
-            return err.response()
-        except (ValueError, ValidationError) as err:
-            return JSONResponse(error_body(400, f"invalid admin config: {err}"), status_code=400)
-        if "cap_mode" in patch.model_fields_set and patch.cap_mode is None:
-            return JSONResponse(error_body(400, "cap_mode cannot be null"), status_code=400)
+    async def apply_patch(patch: ProxyAdminConfigPatch) -> ProxyAdminConfig:
         before = current()
         cap = patch.max_tokens_cap if "max_tokens_cap" in patch.model_fields_set else before.cap
-        policy = CapPolicy(cap, patch.cap_mode or before.mode)
-        change(policy)
-        logger.info("admin: max_tokens_cap=%s cap_mode=%s", policy.cap, policy.mode)
-        return config_of(policy)
+        setting = CapSetting(cap, patch.cap_mode or before.mode)
+        change(setting)
+        return config_of(setting)
 
-    return router
+    async def read_json(request: Request) -> Any:
+        return parse_json(await read_body(request, max_body_bytes))
+
+    return admin_router(token, ProxyAdminConfigPatch, read_config, apply_patch, read_json)

@@ -10,27 +10,24 @@ prefix watch once the answer's first byte has been relayed, so tokenizing never 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.contract.admin import CapSetting
+from kvtune.contract.prefix_report import REPORT_PATH
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.front.errors import error_body, install_error_handlers
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.admin import build_proxy_admin_router
-from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.generate import GenerateFastPath
 from kvtune.proxy.metrics import CONTENT_TYPE, ProxyMetrics
 from kvtune.proxy.prefix_watch import PrefixWatch
 from kvtune.proxy.relay import Forward
 from kvtune.proxy.upstream import Upstream, UpstreamError, forwardable
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,19 +37,19 @@ class ProxyCore:
     upstream: Upstream
     watch: PrefixWatch
     metrics: ProxyMetrics
-    policy: CapPolicy = field(default_factory=CapPolicy)
+    cap_setting: CapSetting = field(default_factory=CapSetting)
     prefix_key_header: str | None = None
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
 
     def __post_init__(self) -> None:
-        self.metrics.set_cap(self.policy.cap)
+        self.metrics.set_cap(self.cap_setting.cap)
 
-    def current_policy(self) -> CapPolicy:
-        return self.policy
+    def current_cap_setting(self) -> CapSetting:
+        return self.cap_setting
 
-    def set_policy(self, policy: CapPolicy) -> None:
-        self.policy = policy
-        self.metrics.set_cap(policy.cap)
+    def set_cap_setting(self, setting: CapSetting) -> None:
+        self.cap_setting = setting
+        self.metrics.set_cap(setting.cap)
 
     def prefix_key(self, tenant: str | None, model: object) -> str:
         """The detector's key: the tenant header's value (`tenant`) when one is configured and sent, else
@@ -77,19 +74,6 @@ class _ForwardResponse(Response):
         await self.exchange(scope, receive, send)
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(err.status_code, str(err.detail)), err.status_code, headers=err.headers
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(_: Request, err: Exception) -> JSONResponse:
-        logger.exception("unexpected error while serving a request")
-        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}"), 500)
-
-
 def build_proxy_app(
     core: ProxyCore, admin_token: str | None = None, include_admin: bool = True
 ) -> GenerateFastPath:
@@ -105,7 +89,7 @@ def build_proxy_app(
             await core.aclose()
 
     app = FastAPI(title="kvtune proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -130,14 +114,14 @@ def build_proxy_app(
     async def prometheus_metrics() -> Response:
         return Response(core.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/kvtune/prefix-report")
+    @app.get(REPORT_PATH)
     async def prefix_report() -> JSONResponse:
         return JSONResponse(core.watch.report())
 
     if include_admin:
         app.include_router(
             build_proxy_admin_router(
-                admin_token, core.current_policy, core.set_policy, core.max_request_body_bytes
+                admin_token, core.current_cap_setting, core.set_cap_setting, core.max_request_body_bytes
             )
         )
     return GenerateFastPath(app, core)
@@ -146,10 +130,10 @@ def build_proxy_app(
 def build_proxy_admin_app(core: ProxyCore, admin_token: str | None) -> FastAPI:
     """Only the admin routes, for `--admin-port`: a port a NetworkPolicy can keep private."""
     app = FastAPI(title="kvtune proxy admin", docs_url=None, redoc_url=None, openapi_url=None)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     app.include_router(
         build_proxy_admin_router(
-            admin_token, core.current_policy, core.set_policy, core.max_request_body_bytes
+            admin_token, core.current_cap_setting, core.set_cap_setting, core.max_request_body_bytes
         )
     )
     return app

@@ -1,7 +1,7 @@
 """The max_tokens cap as the proxy applies it to a request body it forwards (rung 1 in front of vLLM, which
 has no server-side ceiling since vLLM #34063).
 
-The decision itself is `kvtune.core.max_tokens_cap`, shared with the engine; this module only finds the
+The decision itself is `kvtune.front.max_tokens_cap`, shared with the engine; this module only finds the
 fields a body asks with, rewrites them when the decision changed them, and holds the live setting the admin
 API changes. A body the cap leaves alone is forwarded as the very bytes the client sent.
 """
@@ -12,26 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvtune.core.max_tokens_cap import CAP_MODES, CapMode, apply_max_tokens_cap
+from kvtune.contract.admin import CapSetting
+from kvtune.front.max_tokens_cap import apply_max_tokens_cap
 
 # Chat requests may ask with either field (OpenAI deprecated max_tokens for max_completion_tokens); vLLM
 # reads max_completion_tokens first, as the engine does.
 CHAT_FIELDS = ("max_completion_tokens", "max_tokens")
 COMPLETION_FIELDS = ("max_tokens",)
-
-
-@dataclass(frozen=True)
-class CapPolicy:
-    """The cap in force: None means no cap. Replaced whole on a change, so a reader never sees half of one."""
-
-    cap: int | None = None
-    mode: CapMode = "clamp"
-
-    def __post_init__(self) -> None:
-        if self.mode not in CAP_MODES:
-            raise ValueError(f"cap mode must be one of {', '.join(CAP_MODES)}, got {self.mode!r}")
-        if self.cap is not None and (isinstance(self.cap, bool) or self.cap < 1):
-            raise ValueError(f"the max_tokens cap must be a positive integer, got {self.cap}")
 
 
 @dataclass(frozen=True)
@@ -57,14 +44,14 @@ def _requested(body: dict[str, Any], fields: tuple[str, ...]) -> tuple[str | Non
     return None, None, None
 
 
-def cap_body(body: dict[str, Any], fields: tuple[str, ...], policy: CapPolicy) -> CappedBody:
-    """Apply `policy` to a parsed request body whose max-tokens fields are `fields`."""
-    if policy.cap is None:
+def cap_body(body: dict[str, Any], fields: tuple[str, ...], setting: CapSetting) -> CappedBody:
+    """Apply `setting` to a parsed request body whose max-tokens fields are `fields`."""
+    if setting.cap is None:
         return CappedBody()
     field, requested, problem = _requested(body, fields)
     if problem is not None:
         return CappedBody(error=problem, param=field)
-    decision = apply_max_tokens_cap(requested, policy.cap, policy.mode)
+    decision = apply_max_tokens_cap(requested, setting.cap, setting.mode)
     if decision.error is not None:
         return CappedBody(counted_as=decision.counted_as, error=decision.error, param=field)
     if decision.max_tokens == requested:

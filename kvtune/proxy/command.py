@@ -9,7 +9,6 @@ subprocess on a socket of their choosing.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from dataclasses import dataclass
@@ -18,17 +17,20 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
+from kvtune.contract.admin import CapSetting
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.http_serving import (
-    add_front_arguments,
-    check_front_arguments,
-    read_token_file,
-    serve_together,
-)
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES
 from kvtune.errors import KvtuneError
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
+from kvtune.front.flags import (
+    LOG_FORMAT,
+    add_front_arguments,
+    admin_token,
+    check_front_arguments,
+    front_config,
+    log_connection_limits,
+    serve,
+)
 from kvtune.proxy.app import ProxyCore, build_proxy_admin_app, build_proxy_app
-from kvtune.proxy.cap import CapPolicy
 from kvtune.proxy.metrics import ProxyMetrics
 from kvtune.proxy.prefix_watch import PrefixWatch
 from kvtune.proxy.prompt_tokens import PromptTokens
@@ -115,39 +117,31 @@ def build_core(args: argparse.Namespace) -> ProxyCore:
         upstream=Upstream(args.upstream, args.upstream_timeout),
         watch=watch,
         metrics=ProxyMetrics(detector),
-        policy=CapPolicy(args.max_tokens_cap, args.cap_mode),
+        cap_setting=CapSetting(args.max_tokens_cap, args.cap_mode),
         prefix_key_header=args.prefix_key_header,
         max_request_body_bytes=args.max_request_body_bytes,
     )
 
 
 def build_proxy(args: argparse.Namespace) -> ProxyServer:
-    token = read_token_file(args.admin_token_file) if args.admin_token_file else None
+    token = admin_token(args)
     core = build_core(args)
     app = build_proxy_app(core, admin_token=token, include_admin=args.admin_port is None)
-    access_log = args.uvicorn_access_log
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=access_log)
-    )
+    server = uvicorn.Server(front_config(app, args.host, args.port, args, access_log=args.uvicorn_access_log))
     admin = None
     if args.admin_port is not None:
         admin_app = build_proxy_admin_app(core, token)
-        admin = uvicorn.Server(
-            uvicorn.Config(admin_app, host=args.host, port=args.admin_port, log_level="info")
-        )
+        admin = uvicorn.Server(front_config(admin_app, args.host, args.admin_port, args))
     return ProxyServer(core, server, admin)
 
 
 def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # httpx logs every upstream request at INFO: a formatted line per request on the hot path.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     proxy = build_proxy(args)
+    log_connection_limits(args)
     logger.info("proxying http://%s:%d to %s", args.host, args.port, proxy.core.upstream.base_url)
-    if proxy.admin_server is None:
-        proxy.server.run()
-    else:
-        logger.info("admin API on http://%s:%d only", args.host, args.admin_port)
-        asyncio.run(serve_together(proxy.server, proxy.admin_server))
+    serve(proxy.server, proxy.admin_server, args)
     return 0

@@ -15,7 +15,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
-from kvtune.engine_sidecar.request_body import (
+from kvtune.front.body import (
     PARSE_IN_THREAD_ABOVE_BYTES,
     RequestBodyError,
     body_too_large,

@@ -10,7 +10,6 @@ unchanged, and every answer keeps the shape the FastAPI routes gave it.
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -18,9 +17,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvtune.core.max_tokens_cap import CAP_HEADER
-from kvtune.engine_sidecar.api_errors import error_body
-from kvtune.engine_sidecar.request_body import RequestBodyError
+from kvtune.contract.admin import CAP_HEADER
+from kvtune.front.body import RequestBodyError
+from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, internal_error
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.cap import CHAT_FIELDS, COMPLETION_FIELDS, cap_body
 from kvtune.proxy.door import parse_object, read_asgi_body
@@ -31,9 +30,6 @@ from kvtune.proxy.upstream import HOP_BY_HOP
 if TYPE_CHECKING:
     from kvtune.proxy.app import ProxyCore
 
-logger = logging.getLogger(__name__)
-
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away", as the engine uses it
 
 # path -> (endpoint label, the fields that carry max_tokens)
 GENERATE_ROUTES = {
@@ -43,11 +39,6 @@ GENERATE_ROUTES = {
 # The request headers the upstream does not get: hop-by-hop ones, and the length of a body the cap may
 # rewrite (the transport sets it).
 NOT_FORWARDED = frozenset(name.encode("latin-1") for name in HOP_BY_HOP | {"content-length"})
-
-
-def _internal_error(err: Exception) -> JSONResponse:
-    logger.exception("unexpected error while serving a request")
-    return JSONResponse(error_body(500, f"internal error: {type(err).__name__}"), 500)
 
 
 class GenerateFastPath:
@@ -67,13 +58,13 @@ class GenerateFastPath:
         try:
             exchange = await self._prepare(endpoint, fields, scope, receive)
         except Exception as err:  # answered as the FastAPI app's catch-all handler answers
-            exchange = _internal_error(err)
+            exchange = internal_error(err)
         try:
             await exchange(scope, receive, send)
         except Exception as err:
             if isinstance(exchange, Forward) and exchange.response_started:
                 raise
-            await _internal_error(err)(scope, receive, send)
+            await internal_error(err)(scope, receive, send)
 
     async def _prepare(
         self, endpoint: str, fields: tuple[str, ...], scope: Scope, receive: Receive
@@ -95,7 +86,7 @@ class GenerateFastPath:
                     headers.append((name.decode("latin-1"), value.decode("latin-1")))
             raw = await read_asgi_body(receive, declared, core.max_request_body_bytes)
             body = await parse_object(raw)
-            capped = cap_body(body, fields, core.policy)
+            capped = cap_body(body, fields, core.cap_setting)
             if capped.counted_as is not None:
                 core.metrics.capped.labels(capped.counted_as).inc()
             if capped.error is not None:

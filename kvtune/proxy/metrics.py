@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from kvtune.core.max_tokens_cap import CAPPED_LABELS
+from kvtune.contract.metrics import CAPPED_LABELS
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.prefix_report import PrefixDefeatCollector
+from kvtune.front.prefix_report import PrefixDefeatCollector
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ENDPOINTS = ("completions", "chat_completions", "models")
@@ -42,6 +42,9 @@ class ProxyMetrics:
     def __init__(self, detector: PrefixDefeatDetector) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
+        # process_start_time_seconds: the operator tells the proxy's restart (its counters from zero) from
+        # a metrics URL that answers from another process
+        ProcessCollector(registry=reg)
         self.requests = Counter(
             "kvtune:proxy_requests",
             "Requests the proxy answered, each counted once: completed, failed (upstream error, upstream "

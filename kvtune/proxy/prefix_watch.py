@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.engine_sidecar.tokenizer import TextTokenizer
 from kvtune.errors import KvtuneError
+from kvtune.front.text.tokenizer import TextTokenizer
 from kvtune.proxy.prompt_tokens import PromptTokens, PromptTooLongError
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvtune.engine_sidecar.hf_files import read_json
-from kvtune.engine_sidecar.prompt_chars import prompt_char_limit
-from kvtune.engine_sidecar.tokenizer import TextTokenizer, load_tokenizer
+from kvtune.front.text.hf_files import read_json
+from kvtune.front.text.prompt_chars import prompt_char_limit
+from kvtune.front.text.tokenizer import TextTokenizer, load_tokenizer
 
 
 class PromptTooLongError(Exception):

@@ -21,7 +21,7 @@ import httpx
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from kvtune.engine_sidecar.api_errors import error_body
+from kvtune.front.errors import error_body
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.upstream import Upstream, UpstreamAnswer, UpstreamError, describe_transport_error
 

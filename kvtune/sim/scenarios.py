@@ -2,7 +2,7 @@
 
 Stated by the seed: Qwen3-8B geometry (144 KiB per token), a 405,239-token pool (55.65 GiB), block size 16,
 declared max_tokens 2,048, answers of about 256 tokens, 3,000 steps measured over the last 2,000, a
-saturated queue. Inferred from its figures (README, "How the seed scenario was calibrated"):
+saturated queue. Inferred from its figures (docs/simulator.md, "How the seed scenario was calibrated"):
 
 - prompts uniform on 1,300–6,800 tokens (mean 4,050): paged holds 405,239 / 95.4 ≈ 4,250 tokens per
   sequence, and contiguous with power-of-two rounding holds only 44 because about one prompt in nine

@@ -6,7 +6,7 @@ the boot line's concurrency): a derived row checks our formulas, not the simulat
 toward the claim of how many figures the simulator reproduces. Nothing is written in. Tolerances: 5% for
 headline throughput, sequence-count and utilisation figures, 15% for the rest, none for the sizes in the
 seed's single fragmentation log line, which are one random draw. The figures we expect to miss are listed
-in `EXPECTED_MISSES`, each with its reason; the README only reports them.
+in `EXPECTED_MISSES`, each with its reason; docs/simulator.md only reports them.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def headline_claim(figures: list[Figure]) -> str:
         [
             f"simulated: {within(headline)} of {len(headline)} headline figures within {HEADLINE:.0%}, "
             f"{within(others)} of {len(others)} others within {OTHER:.0%} "
-            f"({misses_expected} expected misses, see the README); {shown} figures of the fragmentation log line shown, not compared",
+            f"({misses_expected} expected misses, see docs/simulator.md); {shown} figures of the fragmentation log line shown, not compared",
             f"derived from the seed's constants, not counted above: {within(derived_rows)} of "
             f"{len(derived_rows)} within their tolerance",
         ]

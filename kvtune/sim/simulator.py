@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from kvtune.core import Scheduler, SchedulerConfig, make_allocator
+from kvtune.core import Sampled, Scheduler, SchedulerConfig, make_allocator, samples_now
 from kvtune.core.accounting import BLOCK_TABLE_ENTRY_BYTES, memory_map, snapshot
 from kvtune.core.geometry import MIB, QWEN3_8B
 from kvtune.sim.workload import Workload
@@ -110,11 +110,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         if step == cfg.warmup:
             requests0, hits0 = sched.prefix_cache.requests, sched.prefix_cache.hits
         out = sched.schedule()
-        produced = 0
-        for req in out.requests:
-            if req.num_computed_tokens == req.num_tokens:
-                produced += 1
-                sched.append_token(req, 0)
+        sampled = [Sampled(req, 0) for req in out.requests if samples_now(req)]
+        produced = len(sampled)
+        sched.update_from_output(sampled)
         blocked = out.blocked
         if blocked is not None:
             blocked_steps[blocked.reason] = blocked_steps.get(blocked.reason, 0) + 1

@@ -30,9 +30,9 @@ from kvtune.bench.doctor_vllm import (
     whatif_max_num_seqs,
     whatif_within,
 )
-from kvtune.bench.load import BatchSpec
 from kvtune.cli import build_parser, main
-from kvtune.operator.engine_view import EngineView
+from kvtune.harness.load import BatchSpec
+from kvtune.operator.decide.engine_view import EngineView
 from tests.operator.helpers import serve_bodies, vllm_asking_long
 
 

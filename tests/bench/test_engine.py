@@ -17,16 +17,16 @@ from kvtune.bench.engine import (
     VLLM,
     RunResult,
     Summary,
+    cpu_serve_argv,
     format_section,
     format_table,
-    kvtune_command,
     validate,
     vllm_config,
     workload,
 )
-from kvtune.bench.load import batch_bodies
 from kvtune.cli import build_parser
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import batch_bodies
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -116,7 +116,7 @@ def test_both_sides_get_the_same_request_list() -> None:
 def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
     args = _args("--kvtune-threads", "1")
     model = _tiny_config(tmp_path)
-    kvtune = kvtune_command(args, model, 8123)
+    kvtune = cpu_serve_argv(args, model, 8123)
     assert kvtune[1:4] == ["-m", "kvtune.cli", "serve"]
 
     def flag(argv: list[str], name: str) -> str:
@@ -228,7 +228,7 @@ def test_both_servers_get_the_same_settings_on_the_small_model(tmp_path: Path) -
     config = {"num_hidden_layers": 12, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64,
               "hidden_size": 1024, "torch_dtype": "float32"}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
-    kvtune = kvtune_command(args, tmp_path, 8123)
+    kvtune = cpu_serve_argv(args, tmp_path, 8123)
     vllm = vllm_config(args, tmp_path).command(Path("python"), 8124)
     for name in ("--model", "--dtype", "--block-size", "--max-num-seqs", "--max-num-batched-tokens"):
         assert kvtune[kvtune.index(name) + 1] == vllm[vllm.index(name) + 1], name

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvtune.bench.process_memory import PeakMemory, _group_of, group_pss_bytes
+from kvtune.harness.process_memory import PeakMemory, _group_of, group_pss_bytes
 
 HOLD_MIB = 160
 

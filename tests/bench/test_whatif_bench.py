@@ -14,7 +14,7 @@ from kvtune.bench.whatif_window import VLLM_SIZE_BOUNDS, coarsen, window_from_js
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.whatif import Candidate, Prediction
 from kvtune.core.workload_fit import fit_workload
-from kvtune.engine_sidecar.metrics import size_buckets
+from kvtune.engine.http.metrics import size_buckets
 from tests.core.workloads import histogram, uniform_lengths, window
 
 

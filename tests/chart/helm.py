@@ -21,6 +21,20 @@ CHART = REPO / "charts" / "kvtune"
 RELEASE = "kvtune"
 NAMESPACE = "kvtune-system"
 MONITORING_API = "monitoring.coreos.com/v1"
+# Nothing publishes kvtune's images, so the chart requires the operator's repository (the README's install
+# sets it after the build and push); the tests render with one unless they test its absence.
+OPERATOR_IMAGE = "registry.example.com/platform/kvtune-operator"
+BASE_VALUES: dict[str, Any] = {"image": {"repository": OPERATOR_IMAGE}}
+
+
+def merged(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` over `base`, maps merged key by key (as helm merges -f files)."""
+    out = dict(base)
+    for key, value in values.items():
+        out[key] = (
+            merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
 
 
 def find_helm() -> str | None:
@@ -48,11 +62,12 @@ def helm(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def template(
-    values: dict[str, Any], tmp_path: Path, api_versions: tuple[str, ...] = ()
+    values: dict[str, Any], tmp_path: Path, api_versions: tuple[str, ...] = (), bare: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """`helm template` of the chart with these values (written to a file, as users pass them)."""
+    """`helm template` of the chart with these values (written to a file, as users pass them), over
+    BASE_VALUES unless `bare`."""
     values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
+    values_file.write_text(yaml.safe_dump(values if bare else merged(BASE_VALUES, values)))
     extra = [arg for api in api_versions for arg in ("--api-versions", api)]
     return helm("template", RELEASE, CHART, "--namespace", NAMESPACE, "-f", values_file, *extra)
 

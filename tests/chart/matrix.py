@@ -4,8 +4,29 @@ from __future__ import annotations
 
 from tests.chart.helm import MONITORING_API
 
-ENGINE_ON = {"examples": {"kvtuneEngine": {"enabled": True}}}
-VLLM_PROXY_ON = {"examples": {"vllmProxy": {"enabled": True, "modelClaimName": "llama-weights"}}}
+ENGINE_IMAGE = "registry.example.com/platform/kvtune-engine"
+PROXY_IMAGE = "registry.example.com/platform/kvtune-proxy"
+ENGINE_ON = {"examples": {"kvtuneEngine": {"enabled": True, "image": {"repository": ENGINE_IMAGE}}}}
+VLLM_PROXY_ON = {
+    "examples": {
+        "vllmProxy": {
+            "enabled": True,
+            "modelClaimName": "llama-weights",
+            "vllmImage": {"tag": "v0.11.0"},
+            "proxyImage": {"repository": PROXY_IMAGE},
+        }
+    }
+}
+# The PodMonitor for a vLLM Deployment with the kvtune proxy in each pod (the README's install matrix).
+POD_MONITOR_ON = {
+    "monitoring": {
+        "podMonitor": {
+            "enabled": True,
+            "selector": {"matchLabels": {"app": "llama-vllm"}},
+            "proxyPort": "proxy",
+        }
+    }
+}
 
 # name -> (values, --api-versions): the matrix, plus forced monitoring and two watched namespaces.
 MATRIX: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
@@ -20,4 +41,10 @@ MATRIX: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "example-engine": (ENGINE_ON, (MONITORING_API,)),
     "example-vllm-proxy": (VLLM_PROXY_ON, (MONITORING_API,)),
     "two-replicas": ({"replicas": 2}, ()),
+    "pod-monitor": (POD_MONITOR_ON, (MONITORING_API,)),
+    "pod-monitor-cluster-wide": ({**POD_MONITOR_ON, "clusterWide": True}, (MONITORING_API,)),
+    "apply-allowed-with-uninstall-hook": (
+        {"maxMode": "Apply", "uninstall": {"deletePolicies": True}, "watchNamespaces": ["inference"]},
+        (MONITORING_API,),
+    ),
 }

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kvtune.dashboards.build import rendered as rendered_dashboards
-from tests.chart.helm import MONITORING_API, NAMESPACE, by_kind, one, render, template
-from tests.chart.matrix import ENGINE_ON, VLLM_PROXY_ON
+from tests.chart.helm import MONITORING_API, NAMESPACE, OPERATOR_IMAGE, REPO, by_kind, one, render, template
+from tests.chart.matrix import ENGINE_IMAGE, ENGINE_ON, POD_MONITOR_ON, PROXY_IMAGE, VLLM_PROXY_ON
 
 
 def containers(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -64,10 +64,10 @@ def test_every_container_is_hardened(tmp_path: Path) -> None:
 def test_the_operator_runs_with_health_probes_metrics_and_peering(tmp_path: Path) -> None:
     objects = render({}, tmp_path)
     (operator,) = [c for _, _, c in containers(objects) if c["name"] == "operator"]
-    assert operator["image"] == "ghcr.io/kvtune/kvtune-operator:0.1.0"
+    assert operator["image"] == f"{OPERATOR_IMAGE}:0.1.0"
     assert operator["args"] == [
         "operator", "--metrics-port", "9100", "--liveness-port", "8080", "--peering", "kvtune",
-        "--namespace", NAMESPACE,
+        "--max-mode", "Recommend", "--namespace", NAMESPACE,
     ]  # fmt: skip
     ports = {port["name"]: port["containerPort"] for port in operator["ports"]}
     assert ports == {"metrics": 9100, "health": 8080}
@@ -120,6 +120,7 @@ def test_monitoring_objects_only_where_the_prometheus_operator_is(
     kinds = {obj["kind"] for obj in objects}
     assert ({"ServiceMonitor", "PrometheusRule"} <= kinds) is expected
     assert not ({"ServiceMonitor", "PrometheusRule"} & kinds) or expected
+    assert "PodMonitor" not in kinds  # off until told which pods are the engines
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9100  # the metrics Service is always there
 
 
@@ -143,7 +144,7 @@ def test_namespaced_rbac_is_one_role_per_watched_namespace(tmp_path: Path) -> No
     assert rules["kvtune.dev/kvtuningpolicies/status"]["verbs"] == ["patch"]
     assert rules["/events"]["verbs"] == ["create"]
     args = operator_args(objects)
-    assert args[args.index("--peering") + 2 :] == ["--namespace", "team-a", "--namespace", "team-b"]
+    assert args[args.index("--namespace") :] == ["--namespace", "team-a", "--namespace", "team-b"]
     assert sorted(p["metadata"]["namespace"] for p in by_kind(objects, "KopfPeering")) == ["team-a", "team-b"]
 
 
@@ -179,7 +180,7 @@ def test_the_example_engine_is_tuned_through_its_admin_api(tmp_path: Path) -> No
     secret = one(objects, "Secret")
     policy = one(objects, "KVTuningPolicy")
     (engine,) = [c for _, _, c in containers(objects) if c["name"] == "engine"]
-    assert engine["image"] == "ghcr.io/kvtune/kvtune-engine:0.1.0"
+    assert engine["image"] == f"{ENGINE_IMAGE}:0.1.0"
     assert engine["args"][:2] == ["serve", "--tiny"]
     token_file = engine["args"][engine["args"].index("--admin-token-file") + 1]
     assert token_file == "/var/run/kvtune/admin/token"
@@ -209,6 +210,7 @@ def test_the_vllm_example_sends_clients_through_the_proxy_sidecar(tmp_path: Path
     vllm, proxy = deployment["spec"]["template"]["spec"]["containers"]
     assert (vllm["name"], proxy["name"]) == ("vllm", "kvtune-proxy")
     assert proxy["args"][:3] == ["proxy", "--upstream", "http://127.0.0.1:8000"]
+    assert (vllm["image"], proxy["image"]) == ("vllm/vllm-openai:v0.11.0", f"{PROXY_IMAGE}:0.1.0")
     assert (
         proxy["args"][proxy["args"].index("--model-dir") + 1]
         == vllm["args"][vllm["args"].index("--model") + 1]
@@ -236,7 +238,7 @@ def test_the_vllm_example_sends_clients_through_the_proxy_sidecar(tmp_path: Path
 
 
 def test_both_examples_run_the_replicas_asked_for(tmp_path: Path) -> None:
-    values = {"examples": {"kvtuneEngine": {"enabled": True, "replicas": 3},
+    values = {"examples": {"kvtuneEngine": {**ENGINE_ON["examples"]["kvtuneEngine"], "replicas": 3},
                            "vllmProxy": {**VLLM_PROXY_ON["examples"]["vllmProxy"], "replicas": 3}}}  # fmt: skip
     objects = render(values, tmp_path)
     replicas = {
@@ -260,10 +262,27 @@ def test_both_examples_run_the_replicas_asked_for(tmp_path: Path) -> None:
         ({"examples": {"kvtuneEngine": {"policyMode": "Act"}}}, "at '/examples/kvtuneEngine/policyMode'"),
         ({"clusterWide": True, "watchNamespaces": ["team-a"]}, "clusterWide: true watches every namespace"),
         ({"examples": {"vllmProxy": {"enabled": True}}}, "examples.vllmProxy.modelClaimName is required"),
+        ({"maxMode": "Act"}, "at '/maxMode'"),
+        (
+            {"monitoring": {"force": True, "podMonitor": {"enabled": True}}},
+            "monitoring.podMonitor.selector is required",
+        ),
+        ({"monitoring": {"serviceMonitor": {"interval": "soon"}}}, "at '/monitoring/serviceMonitor/interval'"),
+        ({"examples": {"kvtuneEngine": {"enabled": True}}}, "examples.kvtuneEngine.image.repository is not set"),
+        (
+            {"examples": {"vllmProxy": {**VLLM_PROXY_ON["examples"]["vllmProxy"], "vllmImage": {"tag": ""}}}},
+            "examples.vllmProxy.vllmImage.tag is required",
+        ),
+        (
+            {"examples": {"vllmProxy": {**VLLM_PROXY_ON["examples"]["vllmProxy"], "proxyImage": {"repository": ""}}}},
+            "examples.vllmProxy.proxyImage.repository is not set",
+        ),
     ],
     ids=[
         "replicas-string", "replicas-zero", "unknown-top-level-key", "bad-namespace", "secrets-not-a-list",
-        "force-not-bool", "unknown-mode", "cluster-wide-with-namespaces", "vllm-without-model",
+        "force-not-bool", "unknown-mode", "cluster-wide-with-namespaces", "vllm-without-model", "max-mode-unknown",
+        "pod-monitor-without-selector", "bad-interval", "engine-without-image", "vllm-without-tag",
+        "proxy-without-image",
     ],
 )  # fmt: skip
 def test_a_wrong_value_fails_with_a_message_naming_it(
@@ -272,3 +291,187 @@ def test_a_wrong_value_fails_with_a_message_naming_it(
     done = template(values, tmp_path)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr
+
+
+def test_without_an_image_repository_the_install_fails_and_says_what_to_do(tmp_path: Path) -> None:
+    """Nothing publishes kvtune's images: a default that named one would end in ImagePullBackOff."""
+    done = template({}, tmp_path, bare=True)
+    assert done.returncode != 0
+    assert "image.repository is not set: build the image (scripts/build_image.sh" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("mode", ["Observe", "Recommend", "Apply"])
+def test_max_mode_is_the_operators_ceiling(tmp_path: Path, mode: str) -> None:
+    args = operator_args(render({"maxMode": mode}, tmp_path))
+    assert args[args.index("--max-mode") + 1] == mode
+
+
+def test_the_service_monitor_keeps_the_operators_namespace_label_and_takes_the_usual_knobs(
+    tmp_path: Path,
+) -> None:
+    monitor = one(render({}, tmp_path, (MONITORING_API,)), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True  # else `namespace` becomes exported_namespace
+    assert endpoint["interval"] == "30s" and "scrapeTimeout" not in endpoint
+    knobs = {
+        "namespace": "monitoring",
+        "labels": {"release": "prom"},
+        "serviceMonitor": {
+            "interval": "15s",
+            "scrapeTimeout": "10s",
+            "labels": {"team": "ml"},
+            "relabelings": [{"targetLabel": "cluster", "replacement": "gpu-1"}],
+            "metricRelabelings": [{"action": "drop", "regex": "python_.*", "sourceLabels": ["__name__"]}],
+        },
+    }
+    objects = render({"monitoring": knobs}, tmp_path, (MONITORING_API,))
+    monitor = one(objects, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}  # the operator's Service stays
+    assert {"release": "prom", "team": "ml"}.items() <= monitor["metadata"]["labels"].items()
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    assert endpoint["relabelings"] == knobs["serviceMonitor"]["relabelings"]
+    assert endpoint["metricRelabelings"] == knobs["serviceMonitor"]["metricRelabelings"]
+    assert one(objects, "PrometheusRule")["metadata"]["namespace"] == "monitoring"
+
+
+def test_the_pod_monitor_scrapes_engines_and_proxies_with_the_labels_the_dashboards_read(
+    tmp_path: Path,
+) -> None:
+    objects = render({**POD_MONITOR_ON, "watchNamespaces": ["team-a", "team-b"]}, tmp_path, (MONITORING_API,))
+    monitor = one(objects, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"] == {"matchLabels": {"app": "llama-vllm"}}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}  # the watched ones
+    engine, proxy = monitor["spec"]["podMetricsEndpoints"]
+    assert (engine["port"], proxy["port"]) == ("http", "proxy")
+    for endpoint in (engine, proxy):
+        assert endpoint["honorLabels"] is True  # an engine's own model_name wins
+        assert endpoint["relabelings"][0] == {
+            "sourceLabels": ["__meta_kubernetes_pod_label_kvtune_dev_model_name"],
+            "regex": "(.+)",
+            "targetLabel": "model_name",
+        }
+    wide = one(render({**POD_MONITOR_ON, "clusterWide": True}, tmp_path, (MONITORING_API,)), "PodMonitor")
+    assert wide["spec"]["namespaceSelector"] == {"any": True}
+    named = {
+        "monitoring": {"podMonitor": {**POD_MONITOR_ON["monitoring"]["podMonitor"], "namespaces": ["x"]}}
+    }
+    assert one(render(named, tmp_path, (MONITORING_API,)), "PodMonitor")["spec"]["namespaceSelector"] == {
+        "matchNames": ["x"]
+    }
+
+
+def test_the_vllm_example_pods_carry_their_model_name_for_the_pod_monitor(tmp_path: Path) -> None:
+    (deployment,) = [
+        d
+        for d in by_kind(render(VLLM_PROXY_ON, tmp_path), "Deployment")
+        if d["metadata"]["name"] == "kvtune-example-vllm"
+    ]
+    assert deployment["spec"]["template"]["metadata"]["labels"]["kvtune.dev/model-name"] == "model"
+
+
+def alerts(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    rule = one(objects, "PrometheusRule")
+    return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r}
+
+
+def test_the_prometheus_rule_takes_labels_disabled_alerts_for_and_the_runbook_base(tmp_path: Path) -> None:
+    default = alerts(render({}, tmp_path, (MONITORING_API,)))
+    for name, alert in default.items():
+        url = alert["annotations"]["runbook_url"]
+        assert (REPO / url.split("/blob/", 1)[1].split("/", 1)[1]).is_file(), f"{name}: {url}"
+    knobs = {
+        "additionalRuleLabels": {"team": "ml-platform", "severity": "info"},
+        "disabled": ["KVCachePreemptions"],
+        "for": {"KVCacheSaturated": "30m"},
+        "runbookBaseUrl": "https://wiki.example.com/runbooks/",
+        "prometheusUrl": "http://prometheus.obs:9090",
+    }
+    tuned = alerts(render({"monitoring": {"prometheusRule": knobs}}, tmp_path, (MONITORING_API,)))
+    assert set(tuned) == set(default) - {"KVCachePreemptions"}
+    assert tuned["KVCacheSaturated"]["for"] == "30m" and tuned["KVCachePreemptionStorm"]["for"] == "5m"
+    for name, alert in tuned.items():
+        assert alert["labels"]["team"] == "ml-platform"
+        assert alert["labels"]["severity"] == default[name]["labels"]["severity"]  # its own severity stays
+        assert alert["annotations"]["runbook_url"] == f"https://wiki.example.com/runbooks/{name}.md"
+    doctor = tuned["KVCachePreemptionStorm"]["annotations"]["doctor"]
+    assert doctor.startswith("kubectl -n kvtune-system exec deploy/kvtune -- kvtune doctor --prometheus "
+                             "http://prometheus.obs:9090 --selector ")  # fmt: skip
+    assert "doctor" not in tuned["KVTuneOperatorDown"]["annotations"]
+
+
+def test_the_doctor_command_names_this_releases_operator(tmp_path: Path) -> None:
+    done = template({}, tmp_path, (MONITORING_API,))
+    assert done.returncode == 0, done.stderr
+    values = tmp_path / "values.yaml"
+    from tests.chart.helm import CHART, helm
+
+    renamed = helm("template", "llm-tuner", CHART, "--namespace", "platform", "-f", values,
+                   "--api-versions", MONITORING_API)  # fmt: skip
+    assert renamed.returncode == 0, renamed.stderr
+    import yaml
+
+    objects = [doc for doc in yaml.safe_load_all(renamed.stdout) if doc]
+    doctor = alerts(objects)["KVCacheSaturated"]["annotations"]["doctor"]
+    assert doctor.startswith("kubectl -n platform exec deploy/llm-tuner-kvtune -- kvtune doctor ")
+    assert [d["metadata"]["name"] for d in by_kind(objects, "Deployment")] == ["llm-tuner-kvtune"]
+
+
+def test_the_uninstall_hook_deletes_policies_only_when_asked_and_may_do_nothing_else(tmp_path: Path) -> None:
+    assert by_kind(render({}, tmp_path), "Job") == []
+    objects = render(
+        {"uninstall": {"deletePolicies": True}, "watchNamespaces": ["team-a", "team-b"]}, tmp_path
+    )
+    job = one(objects, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"{OPERATOR_IMAGE}:0.1.0"
+    assert container["args"] == ["operator", "--delete-policies", "--timeout", "120",
+                                 "--namespace", "team-a", "--namespace", "team-b"]  # fmt: skip
+    hook_roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "kvtune-delete-policies"]
+    assert sorted(r["metadata"]["namespace"] for r in hook_roles) == ["team-a", "team-b"]
+    for role in hook_roles:
+        assert role["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+        assert role["rules"] == [{"apiGroups": ["kvtune.dev"], "resources": ["kvtuningpolicies"],
+                                  "verbs": ["list", "delete"]}]  # fmt: skip
+    wide = render({"uninstall": {"deletePolicies": True}, "clusterWide": True}, tmp_path)
+    assert "--all-namespaces" in one(wide, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    hook_cluster_roles = [
+        r for r in by_kind(wide, "ClusterRole") if r["metadata"]["name"] == "kvtune-delete-policies"
+    ]
+    assert len(hook_cluster_roles) == 1
+
+
+def test_the_chart_works_as_a_subchart_with_global_values(tmp_path: Path) -> None:
+    assert render({"global": {"imageRegistry": "registry.example.com"}}, tmp_path)
+
+
+def notes(tmp_path: Path, values: dict[str, Any]) -> str:
+    """What `helm install` prints after installing (NOTES.txt), from a client-side dry run."""
+    from tests.chart.helm import BASE_VALUES, CHART, RELEASE, helm, merged
+
+    values_file = tmp_path / "notes-values.yaml"
+    values_file.write_text(json.dumps(merged(BASE_VALUES, values)))
+    done = helm("install", RELEASE, CHART, "--namespace", NAMESPACE, "--dry-run=client", "-f", values_file)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("NOTES:", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"watchNamespaces": ["team-a", "team-b"]},
+        {"clusterWide": True},
+        {"uninstall": {"deletePolicies": True}},
+    ],
+    ids=["namespaces", "cluster-wide", "uninstall-hook"],
+)
+def test_every_command_the_notes_print_names_its_namespace(tmp_path: Path, values: dict[str, Any]) -> None:
+    text = notes(tmp_path, values)
+    commands = [line.strip() for line in text.splitlines() if line.strip().startswith(("kubectl ", "helm "))]
+    assert commands
+    for command in commands:
+        assert " -n " in command or "--all-namespaces" in command or " -n" in command.split("#")[0], command
+    assert f"{OPERATOR_IMAGE}:0.1.0" in text and "Recommend" in text

@@ -1,7 +1,8 @@
 """`helm lint`, and `helm template` over the matrix of installs: every built-in object valid against the
-Kubernetes schemas (kubernetes-validate, strict: an unknown field fails), every custom resource valid
-against its CRD's openAPIV3Schema with unknown fields refused (the API server would prune them silently),
-the PrometheusRule's groups through `promtool check rules`."""
+Kubernetes schemas (kubernetes-validate, strict: an unknown field fails), every custom resource (ours, and
+the ServiceMonitor, PodMonitor and PrometheusRule against the Prometheus Operator's own CRDs) valid against
+its CRD's openAPIV3Schema with unknown fields refused (the API server would prune them silently), the
+PrometheusRule's groups through `promtool check rules`."""
 
 from __future__ import annotations
 
@@ -17,21 +18,22 @@ import yaml
 
 from tests.chart.helm import CHART, by_kind, helm, render
 from tests.chart.matrix import MATRIX
+from tests.chart.monitoring_crds import monitoring_crds
 from tests.observability.tools import require
 
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 CRD_FILES = sorted((CHART / "crds").glob("*.yaml"))
-PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 def chart_crds() -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) -> the openAPIV3Schema of each CRD the chart ships."""
+    """(apiVersion, kind) -> the openAPIV3Schema of each CRD the chart ships, and of the Prometheus
+    Operator's whose objects it renders."""
+    crds = [crd for path in CRD_FILES for crd in yaml.safe_load_all(path.read_text())] + monitoring_crds()
     schemas = {}
-    for path in CRD_FILES:
-        for crd in yaml.safe_load_all(path.read_text()):
-            for version in crd["spec"]["versions"]:
-                key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
-                schemas[key] = version["schema"]["openAPIV3Schema"]
+    for crd in crds:
+        for version in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+            schemas[key] = version["schema"]["openAPIV3Schema"]
     return schemas
 
 
@@ -75,6 +77,10 @@ def test_the_crds_are_valid_custom_resource_definitions() -> None:
         for crd in yaml.safe_load_all(path.read_text()):
             kubernetes_validate.validate(crd, KUBERNETES_VERSION, strict=True)  # raises when invalid
             kinds.add((crd["spec"]["names"]["kind"], crd["spec"]["scope"]))
+    assert not any(
+        crd["spec"]["group"] == "monitoring.coreos.com"
+        for crd in yaml.safe_load_all("---\n".join(path.read_text() for path in CRD_FILES))
+    )  # the Prometheus Operator's are its own
     assert {("KopfPeering", "Namespaced"), ("ClusterKopfPeering", "Cluster")} <= kinds
     assert ("KVTuningPolicy", "Namespaced") in kinds
 
@@ -82,7 +88,7 @@ def test_the_crds_are_valid_custom_resource_definitions() -> None:
 def test_every_built_in_object_is_valid_for_kubernetes(rendered: list[dict[str, Any]]) -> None:
     custom = chart_crds()
     for obj in rendered:
-        if (obj["apiVersion"], obj["kind"]) in custom or obj["kind"] in PROMETHEUS_OPERATOR_KINDS:
+        if (obj["apiVersion"], obj["kind"]) in custom:
             continue
         name = f"{obj['kind']}/{obj['metadata']['name']}"
         try:
@@ -122,7 +128,16 @@ def test_the_prometheus_rules_pass_promtool(rendered: list[dict[str, Any]], tmp_
             timeout=120,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "SUCCESS: 27 rules found" in done.stdout
+        assert "SUCCESS: 29 rules found" in done.stdout
+
+
+def test_every_monitoring_object_is_checked_against_the_prometheus_operators_crds(
+    rendered: list[dict[str, Any]],
+) -> None:
+    custom = chart_crds()
+    for obj in rendered:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert (obj["apiVersion"], obj["kind"]) in custom, obj["kind"]
 
 
 def test_the_service_monitor_scrapes_the_operators_metrics_service(rendered: list[dict[str, Any]]) -> None:

@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvtune.demo.engine import free_port, last_line
+from kvtune.demo.engine import last_line
+from kvtune.harness.local_http import free_port
 from tests.demo.test_demo_quick import _alive, _port_open
 
 REPO = Path(__file__).resolve().parents[2]

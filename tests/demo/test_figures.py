@@ -4,10 +4,10 @@ for 12 s of 5 a second)."""
 
 from __future__ import annotations
 
-from kvtune.bench.load import Failure, failure_cause
 from kvtune.demo.report_summary import figures_line, preemptions_in
 from kvtune.demo.run import failures_by_phase, figures
 from kvtune.demo.timeline import Point
+from kvtune.harness.load import Failure, failure_cause
 
 
 def _point(t: float, phase: str, preemptions: float | None, throughput: float = 100.0) -> Point:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from kvtune.core.allocators import ContiguousAllocator, PagedAllocator
-from kvtune.engine_sidecar.engine import LLMEngine, RequestOutput
-from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.loop.llm_engine import LLMEngine, RequestOutput
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.sampling import SamplingParams
 
 BLOCK_SIZE = 16
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.model import CausalLM
+from kvtune.engine.model.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model import CausalLM
 from kvtune.kernels import unavailable_reason
 
 

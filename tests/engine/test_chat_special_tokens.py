@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from kvtune.engine_sidecar.tiny_tokenizer import EOT_TOKEN
-from kvtune.engine_sidecar.tokenizer import TextTokenizer, load_tokenizer
 from kvtune.errors import KvtuneError
+from kvtune.front.text.tiny_tokenizer import EOT_TOKEN
+from kvtune.front.text.tokenizer import TextTokenizer, load_tokenizer
 
 LLAMA3_SPECIALS = [
     "<|begin_of_text|>",

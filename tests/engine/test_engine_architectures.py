@@ -12,9 +12,9 @@ import pytest
 import torch
 from engine_runner import PagedRunner, PagedSequence, backend_params, hf_logits
 
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.config import ModelConfig
-from kvtune.engine_sidecar.model import load_model
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.model import load_model
+from kvtune.engine.model.model_config import ModelConfig
 
 SMALL = {
     "vocab_size": 128,

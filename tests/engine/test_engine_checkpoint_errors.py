@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.config import parse_model_config, parse_rope
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.model import load_model
+from kvtune.engine.model.model_config import parse_model_config, parse_rope
 from kvtune.errors import KvtuneError
+from kvtune.front.text.tokenizer import load_tokenizer
 
 
 @pytest.fixture

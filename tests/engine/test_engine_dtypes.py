@@ -9,8 +9,8 @@ import pytest
 import torch
 from engine_runner import PagedRunner, PagedSequence, backend_params
 
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.model import load_model
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model import load_model
 from kvtune.kernels import FP8_DTYPE
 
 TOKENS = list(range(32, 112))

@@ -10,8 +10,8 @@ import pytest
 import torch
 from engine_runner import PagedRunner, backend_params
 
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.engine.model.model import load_model
+from kvtune.front.text.tokenizer import load_tokenizer
 
 PROMPTS = ["Hello", "The capital of France is", "1 2 3 4 5", "Once upon a time, in a land far away,"]
 NEW_TOKENS = 20

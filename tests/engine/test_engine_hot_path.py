@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.model import load_model
+from kvtune.engine.model.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model import load_model
 from kvtune.kernels import backends
 from kvtune.kernels.backends import Backend
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from engine_runner import PagedRunner, PagedSequence, backend_params
 
-from kvtune.engine_sidecar.attention_metadata import ScheduledChunk, build_batch
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.model import load_model
+from kvtune.engine.model.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model import load_model
 from kvtune.errors import KvtuneError
 from kvtune.kernels import FP8_DTYPE
 

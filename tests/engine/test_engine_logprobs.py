@@ -11,9 +11,9 @@ import pytest
 import torch
 from engine_loop_driver import assert_idle_and_all_free, make_engine
 
-from kvtune.engine_sidecar.engine import LLMEngine, RequestOutput
-from kvtune.engine_sidecar.logprobs import LOGPROB_FLOOR, sampled_logprobs
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.loop.llm_engine import LLMEngine, RequestOutput
+from kvtune.engine.model.logprobs import LOGPROB_FLOOR, sampled_logprobs
+from kvtune.engine.model.sampling import SamplingParams
 
 PROMPT = [256, *b"The capital of France is"]
 NEW_TOKENS = 12

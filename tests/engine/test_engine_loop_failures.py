@@ -22,8 +22,8 @@ from engine_loop_driver import (
     run_until_idle,
 )
 
-from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.sampling import Sampler, SamplingParams
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.model.sampling import Sampler, SamplingParams
 
 NEW_TOKENS = 20
 rng = random.Random(5)

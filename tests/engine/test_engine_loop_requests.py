@@ -20,8 +20,8 @@ from engine_loop_driver import (
     run_until_idle,
 )
 
-from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.model.sampling import SamplingParams
 from kvtune.errors import KvtuneError
 
 MAX_MODEL_LEN = 256

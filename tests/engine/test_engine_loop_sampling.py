@@ -20,7 +20,7 @@ from engine_loop_driver import (
 )
 
 from kvtune.core.allocators import PagedAllocator
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.model.sampling import SamplingParams
 
 NEW_TOKENS = 24
 PROMPT = random_prompt(random.Random(21), 37)  # 37 = two full blocks and a partial one

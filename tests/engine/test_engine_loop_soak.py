@@ -18,7 +18,7 @@ from engine_loop_driver import (
     run_until_idle,
 )
 
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.model.sampling import SamplingParams
 
 POOL_BLOCKS = 20
 MAX_PROMPT = 90

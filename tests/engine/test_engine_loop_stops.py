@@ -14,7 +14,7 @@ from engine_loop_driver import assert_idle_and_all_free, generate, greedy, make_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtune.engine_sidecar.detokenize import IncrementalText
+from kvtune.engine.loop.detokenize import IncrementalText
 
 PROMPTS = {"a": "Hello", "b": "The capital of France is", "c": "1 2 3 4 5", "d": "Once upon a time"}
 NEW_TOKENS = 40

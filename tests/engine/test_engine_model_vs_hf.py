@@ -10,8 +10,8 @@ import pytest
 import torch
 from engine_runner import PagedRunner, PagedSequence, backend_params, hf_logits
 
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.engine.model.model import load_model
+from kvtune.front.text.tokenizer import load_tokenizer
 
 ATOL = 1e-4
 PROMPTS = [

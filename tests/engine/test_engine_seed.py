@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine_loop_driver import generate, make_engine, random_prompt
 
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.model.sampling import SamplingParams
 
 PROMPTS = {f"r{i}": random_prompt(random.Random(i), 12 + 5 * i) for i in range(3)}
 

@@ -15,10 +15,10 @@ import torch
 from engine_runner import PagedRunner
 from safetensors import safe_open
 
-from kvtune.engine_sidecar import tiny_model
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.engine.model import tiny_model
+from kvtune.engine.model.checkpoint import open_checkpoint
+from kvtune.engine.model.model import load_model
+from kvtune.front.text.tokenizer import load_tokenizer
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a land far away,"]
 NEW_TOKENS = 32

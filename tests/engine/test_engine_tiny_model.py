@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvtune.engine_sidecar import tiny_model
-from kvtune.engine_sidecar.checkpoint import open_checkpoint
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.engine.model import tiny_model
+from kvtune.engine.model.checkpoint import open_checkpoint
 from kvtune.errors import KvtuneError
+from kvtune.front.text.tokenizer import load_tokenizer
 
 TEXTS = ["Hello, world!", "héllo wörld — ✓ 🚀", "line one\nline two\ttabbed", ""]
 CONVERSATION = [

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvtune.engine_sidecar.sampling import MIN_TOP_P, Sampler, SamplingParams, sample_row
+from kvtune.engine.model.sampling import MIN_TOP_P, Sampler, SamplingParams, sample_row
 
 VOCAB = 64
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.serving_dtype import choose_dtype, cpu_flags
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.serving_dtype import choose_dtype, cpu_flags
 from kvtune.errors import KvtuneError
 
 BF16_CPU = frozenset({"avx2", "avx512f", "avx512_bf16"})

@@ -14,13 +14,13 @@ from engine_runner import PagedRunner, PagedSequence
 from test_engine_loop_greedy import SMALL_POOL_TOKENS, WORKLOAD, _params
 from torch import nn
 
-from kvtune.engine_sidecar import model_runner
-from kvtune.engine_sidecar.engine_config import EngineConfig
-from kvtune.engine_sidecar.kv_cache import KVCache
-from kvtune.engine_sidecar.model import load_model
-from kvtune.engine_sidecar.model_runner import ModelRunner
-from kvtune.engine_sidecar.serving_dtype import cpu_flags
-from kvtune.engine_sidecar.widened_linear import WidenedLinear, widen_bf16_linears, widening_pays
+from kvtune.engine.model import model_runner
+from kvtune.engine.model.engine_config import EngineConfig
+from kvtune.engine.model.kv_cache import KVCache
+from kvtune.engine.model.model import load_model
+from kvtune.engine.model.model_runner import ModelRunner
+from kvtune.engine.model.serving_dtype import cpu_flags
+from kvtune.engine.model.widened_linear import WidenedLinear, widen_bf16_linears, widening_pays
 
 TOKENS = list(range(32, 112))
 

@@ -188,9 +188,15 @@ def alertmanager_config(webhook_url: str) -> dict[str, Any]:
     }
 
 
-def prometheus_config(targets: Sequence[ScrapeTarget], alertmanager: str, rules: Path) -> dict[str, Any]:
+def prometheus_config(
+    targets: Sequence[ScrapeTarget],
+    alertmanager: str,
+    rules: Path,
+    scrape_configs: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
     """Scrape and evaluate every second. honor_labels keeps an engine's own `model_name`; the static one
-    fills in for a target without it (the proxy)."""
+    fills in for a target without it (the proxy). `scrape_configs` are added as they are (a job shaped
+    like the one the Prometheus Operator makes of a ServiceMonitor)."""
     return {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
@@ -210,7 +216,8 @@ def prometheus_config(targets: Sequence[ScrapeTarget], alertmanager: str, rules:
                 ],
             }
             for path in sorted({t.metrics_path for t in targets})
-        ],
+        ]
+        + list(scrape_configs),
     }
 
 
@@ -232,10 +239,25 @@ class LiveStack:
     def active_alerts(self) -> list[Alert]:
         return active_alerts(self.prometheus_url)
 
+    def rule_evaluations(self) -> float:
+        """How many times every rule group has been evaluated so far (the least of the groups' counts, from
+        Prometheus' own /metrics): a span counted in evaluations holds the same checks on any machine."""
+        text = httpx.get(f"{self.prometheus_url}/metrics", timeout=10).text
+        counts = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("prometheus_rule_group_iterations_total{")
+        ]
+        assert counts, "Prometheus reports no rule group"
+        return min(counts)
+
 
 @contextmanager
 def live_stack(
-    targets: Sequence[ScrapeTarget], workdir: Path, rules: Path = RULES_FILE
+    targets: Sequence[ScrapeTarget],
+    workdir: Path,
+    rules: Path = RULES_FILE,
+    scrape_configs: Sequence[dict[str, Any]] = (),
 ) -> Iterator[LiveStack]:
     """Prometheus + Alertmanager + webhook sink, up and ready; all stopped on exit."""
     prometheus_bin, alertmanager_bin = require("prometheus"), require("prometheus-alertmanager")
@@ -263,7 +285,7 @@ def live_stack(
         prom_dir = workdir / "prometheus"
         prom_dir.mkdir(parents=True)
         (prom_dir / "prometheus.yml").write_text(
-            yaml.safe_dump(prometheus_config(targets, am_address, rules))
+            yaml.safe_dump(prometheus_config(targets, am_address, rules, scrape_configs))
         )
         prom_address = f"127.0.0.1:{free_port()}"
         prometheus = Process(

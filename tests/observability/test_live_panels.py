@@ -18,17 +18,18 @@ import httpx
 import pytest
 import torch
 
-from kvtune.bench.load import BackgroundLoad, LoadShape
 from kvtune.bench.proxy import shared_document, stamp
 from kvtune.dashboards.panels import all_panel_queries
 from kvtune.dashboards.report import all_variables
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
 from tests.observability.live_stack import LiveStack, ScrapeTarget, free_port, live_stack, wait_until
 from tests.server.live_server import LiveServer, start_server
 
 POD = "engine-0"
 NAMESPACE = "kvtune-test"
-DATA_TIMEOUT_S = 90.0
+# a hang deadline: here the first preemption shows in ~6 s, every panel's data ~13 s later
+DATA_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")

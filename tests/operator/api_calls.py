@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import kmock
 
-from kvtune.operator.kube_api import USER_AGENT
+from kvtune.operator.k8s.kube_api import USER_AGENT
 
 WATCH_VALUES = {"true", "1"}
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, EngineView
-from kvtune.operator.sample import Histogram, Sample, SampleResult
-from kvtune.operator.sources import parse_exposition
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.sample import Histogram, Sample, SampleResult
+from kvtune.operator.io.sources import parse_exposition
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -202,6 +203,7 @@ OPERATOR_SERIES = (
     "kvtune_operator_errors_total",
     "kvtune_operator_no_data_total",
     "kvtune_operator_rollbacks_total",
+    "kvtune_operator_source_alternations_total",
 )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtune.operator.admission_flag import (
+from kvtune.operator.decide.admission_flag import (
     MAX_NUM_ACTIVE_SEQS,
     MAX_NUM_SEQS,
     admission_value,

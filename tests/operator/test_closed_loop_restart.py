@@ -1,9 +1,12 @@
 """The closed loop across an engine restart: `kvtune serve` (tiny model, a 1,024-token pool, max_num_seqs
 64 from its flags) under 16 clients preempts, the local operator tunes it; then the engine is killed and
 started again on the same port with the same flags (so back at 64). The operator notices the restart,
-drops the old process' samples and puts its value back within one interval, before any new evidence;
-no later decision sees a pre-restart sample, and the restarted engine under the same load preempts no
-more than the untuned one did over the same span before the kill."""
+drops the old process' samples and puts its value back at its first tick on the new process, before any
+new evidence; no later decision sees a pre-restart sample, and the restarted engine under the same load
+preempts no more than the untuned one did over the same span before the kill.
+
+The spans are counted in generated tokens and the put-back in operator ticks, never in seconds, so a machine
+twice as fast or twice as slow reaches the same verdict; the deadlines only catch a hang."""
 
 from __future__ import annotations
 
@@ -14,23 +17,24 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine, write_tiny_model
-from kvtune.bench.load import BackgroundLoad, LoadShape
-from kvtune.operator.actuators import KvtuneAdminActuator
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS
-from kvtune.operator.local import Tick, run_loop
-from kvtune.operator.metric_names import PREEMPTIONS
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sources import MetricsEndpoint
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
+from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.operator.decide.loop import Tick, run_loop
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.sources import MetricsEndpoint
 from tests.operator.test_closed_loop import read
 
 TOKEN = "closed-loop-restart-token"
 INTERVAL = 0.5
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)
 FLAGS = ("--kv-cache-tokens", "1024", "--max-num-seqs", "64")
-TUNE_DEADLINE = 60.0  # seconds for the operator to lower max_num_seqs and keep it, before the kill (a cap: a
-# shared 2-core machine can stretch a 0.5 s tick to seconds)
-SPAN = 6.0  # seconds of load compared before the kill and after the restart
+HANG_S = 120.0  # the operator lowers max_num_seqs and keeps it within about 10 s; the value is back within a
+# second of the restart: past this, something hangs
+SPAN_TOKENS = 2000  # generated tokens of load compared before the kill and after the restart (about 6 s of
+# this load on the 2-core machine the test was written on: AMD EPYC, AVX-512, no AMX)
 
 
 class Restartable:
@@ -77,11 +81,16 @@ def tuned(ticks: list[Tick]) -> bool:
     return isinstance(value, int) and value < 64 and state.pending is None
 
 
-def preemptions_over(source: MetricsEndpoint, seconds: float) -> float:
-    """Preemptions the engine counts during the next `seconds`."""
-    start = read(source).counters[PREEMPTIONS]
-    time.sleep(seconds)
-    return read(source).counters[PREEMPTIONS] - start
+def preemptions_over(source: MetricsEndpoint, tokens: float) -> float:
+    """Preemptions the engine counts while it generates the next `tokens` tokens."""
+    start = read(source)
+    began = time.monotonic()
+    while True:
+        now = read(source)
+        if now.counters[GENERATION_TOKENS] - start.counters[GENERATION_TOKENS] >= tokens:
+            return now.counters[PREEMPTIONS] - start.counters[PREEMPTIONS]
+        assert time.monotonic() - began < HANG_S, "the engine stopped generating"
+        time.sleep(0.2)
 
 
 def test_the_operator_puts_its_value_back_after_an_engine_restart(engine: Restartable) -> None:
@@ -93,10 +102,11 @@ def test_the_operator_puts_its_value_back_after_an_engine_restart(engine: Restar
     load = BackgroundLoad(engine.url, LoadShape(clients=16)).start()
     try:
         loop.start()
-        untuned = preemptions_over(source, SPAN)  # the operator starts from the flags' 64, as at a restart
-        began = time.time()
+        # the operator starts from the flags' 64, as at a restart
+        untuned = preemptions_over(source, SPAN_TOKENS)
+        began = time.monotonic()
         while not tuned(ticks):  # lowered, and that change judged and kept
-            assert time.time() - began < TUNE_DEADLINE, journal(ticks)
+            assert time.monotonic() - began < HANG_S, journal(ticks)
             time.sleep(INTERVAL)
         tally = load.stop()
         assert not tally.failures and tally.completed == tally.sent > 0, tally.failures[:3]
@@ -106,13 +116,13 @@ def test_the_operator_puts_its_value_back_after_an_engine_restart(engine: Restar
 
         killed_at = time.time()
         engine.kill_and_restart()
-        up_at = time.time()
+        up_at = time.monotonic()
         while actuator.current().values.get(KNOB_MAX_NUM_SEQS) != desired[KNOB_MAX_NUM_SEQS]:
-            assert time.time() - up_at < 2 * INTERVAL + 1.0, "the operator did not put its value back"
+            assert time.monotonic() - up_at < HANG_S, "the operator did not put its value back"
             time.sleep(0.05)
         restored = {k: v for k, v in actuator.current().values.items() if k in desired}
         load = BackgroundLoad(engine.url, LoadShape(clients=16, seed=1)).start()
-        restarted = preemptions_over(source, SPAN)
+        restarted = preemptions_over(source, SPAN_TOKENS)
     finally:
         tally = load.stop()
         stop.set()
@@ -124,7 +134,11 @@ def test_the_operator_puts_its_value_back_after_an_engine_restart(engine: Restar
     assert len(restart_ticks) == 1, [t.restart for t in ticks if t.restart]
     first = ticks[restart_ticks[0]]
     assert (KNOB_MAX_NUM_SEQS, desired[KNOB_MAX_NUM_SEQS]) in [(k, v) for k, v, r in first.reapplied if r.ok]
-    assert first.at <= up_at + INTERVAL, (first.at - up_at, "re-applied later than one interval")
+    read_new = [t for t in ticks if t.at >= killed_at and t.no_data is None]
+    assert read_new[0] is first, (
+        "a tick read the restarted engine before the value was put back",
+        journal(ticks),
+    )
     assert not first.applied, "the value was put back, not decided anew"
     for later in ticks[restart_ticks[0] :]:
         if later.decision is None:

@@ -1,30 +1,46 @@
 """Impossible metric values (NaN, infinities, negative counters, a ratio outside [0, 1], buckets that fall
 as `le` rises) are dropped from the sample and reported as a CorruptMetrics finding naming the series; the
-doctor never prints them as figures and the operator loop never acts on them. A bad URL is one clear line."""
+doctor never prints them as figures and the operator loop never acts on them. The operator says so as the
+doctor does: in its log (a figure it could not read is `unknown`, never 0), its status (conditions, note,
+an Event) and its own metrics. A bad URL is one clear line."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, engine_view_from_sample
-from kvtune.operator.local import step
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import NoData, Sample, SampleResult
-from kvtune.operator.sources import parse_exposition
-from kvtune.operator.tuner import TunerState
-from kvtune.operator.window import Window
-from tests.operator.helpers import fixture_text, recorded, serve_bodies
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.engine_view import engine_view_from_sample
+from kvtune.operator.decide.loop import step
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.sample import NoData, Sample, SampleResult
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.decide.window import Window
+from kvtune.operator.io.local_metrics import LocalRecorder
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.io.sources import parse_exposition
+from tests.operator.helpers import (
+    fixture_text,
+    metrics_answer,
+    parse_series,
+    recorded,
+    series_names,
+    serve_bodies,
+    serve_routes,
+)
 
 KV_LINE = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0'
 RUNNING_LINE = 'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0'
@@ -157,7 +173,7 @@ class RecordingActuator:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         self.applied.append((knob, value))
         return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: 64, KNOB_MAX_TOKENS_CAP: None, knob: value})
 
@@ -207,4 +223,77 @@ def test_a_bad_url_from_the_shell_exits_non_zero_without_a_traceback() -> None:
     assert (
         done.stderr.strip()
         == "kvtune: error: --metrics-url: 'http://[::1' is not a valid URL: Invalid port: ':1'"
+    )
+
+
+# ---- the operator says what is corrupt, as the doctor does --------------------------------------------------
+
+NAN_KV_NEGATIVE_COUNTER = {**with_value(KV_LINE, "NaN"), **with_value(PREEMPTIONS_LINE, "-3")}
+CORRUPT_NAMES = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total")
+
+
+def test_the_local_operator_logs_unknown_and_names_the_corrupt_series(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The issue's note: with NaN usage and a negative counter the operator took no action (right), but
+    its log said `KV usage max 0%` and never named the corrupt series."""
+    corrupt = [recorded_text("kvtune_preempting_t0.prom", NAN_KV_NEGATIVE_COUNTER),
+               recorded_text("kvtune_preempting_t1.prom", NAN_KV_NEGATIVE_COUNTER)]  # fmt: skip
+    admin = (200, "application/json", '{"max_num_seqs": 64, "max_tokens_cap": null, "cap_mode": "clamp"}')
+    for base in serve_routes({"/metrics": [metrics_answer(t) for t in corrupt], "/admin/config": [admin]}):
+        token = tmp_path / "token"
+        token.write_text("t")
+        args = ["operator", "--local", "--target", base, "--admin-token-file", str(token), "--interval", "0.2",
+                "--duration", "1.0", "--metrics-port", "0"]  # fmt: skip
+        caplog.set_level(logging.INFO, logger="kvtune.operator")
+        assert main(args) == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvtune.operator"]
+    ticks = [line for line in lines if "KV usage max" in line]
+    assert ticks and all("KV usage max unknown" in line for line in ticks), ticks
+    assert not any("KV usage max 0%" in line for line in lines)
+    named = [line for line in lines if line.startswith("corrupt metrics")]
+    assert named and all(name in named[-1] for name in CORRUPT_NAMES), lines
+    assert "NaN" in named[-1] and "negative (-3)" in named[-1]
+
+
+def recorded_text(name: str, transform: dict[str, str]) -> str:
+    text = fixture_text(name)
+    for old, new in transform.items():
+        text = text.replace(old, new)
+    return text
+
+
+def test_status_conditions_and_own_metrics_name_the_corrupt_series() -> None:
+    t0 = recorded("kvtune_preempting_t0.prom", 0.0, NAN_KV_NEGATIVE_COUNTER)
+    t1 = recorded("kvtune_preempting_t1.prom", 10.0, NAN_KV_NEGATIVE_COUNTER)
+    policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=5.0, cooldown_s=5.0)
+    source, actuator = Replay([t0, t1, recorded("kvtune_preempting_t1.prom", 20.0)]), RecordingActuator()
+    recorder = LocalRecorder(OperatorMetrics(), "http://engine:8000", policy)
+    state, samples, ticks = TunerState(), deque[Sample](), []
+    for now in (0.0, 10.0):
+        ticks.append(step(source, actuator, policy, state, samples, now))
+        recorder(ticks[-1])
+        state = ticks[-1].state
+    conditions = {c.type: c for c in recorder.memory.conditions.values()}
+    assert (
+        conditions["KVSaturated"].status == "Unknown" and conditions["KVSaturated"].reason == "CorruptMetrics"
+    )
+    assert "KV usage max unknown" in conditions["KVSaturated"].message
+    assert all(name in conditions["KVSaturated"].message for name in CORRUPT_NAMES)
+    assert (
+        conditions["Preempting"].status == "Unknown" and conditions["Preempting"].reason == "CorruptMetrics"
+    )
+    series = parse_series(generate_latest(recorder.metrics.registry).decode())
+    labels = {"namespace": "local", "policy": "engine:8000"}
+    for name in CORRUPT_NAMES:
+        assert series[("kvtune_operator_corrupt_series", frozenset({**labels, "series": name}.items()))] == 1
+    # the series comes clean: its corrupt series go, the figures are known again
+    samples.clear()
+    recorder(step(source, actuator, policy, TunerState(), samples, 20.0))
+    series = parse_series(generate_latest(recorder.metrics.registry).decode())
+    assert "kvtune_operator_corrupt_series" not in series_names(series)
+    conditions = {c.type: c for c in recorder.memory.conditions.values()}
+    assert (
+        conditions["KVSaturated"].reason != "CorruptMetrics"
+        and "unknown" not in conditions["KVSaturated"].message
     )

@@ -14,8 +14,12 @@ import pytest
 import yaml
 
 from kvtune.core.predict import Forecast
-from kvtune.operator import crd_yaml
-from kvtune.operator.crd import (
+from kvtune.operator.decide.ladder import Remedy
+from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.prediction import PredictionState
+from kvtune.operator.decide.tuner import Figures, HistoryEntry, Pending, TunerState
+from kvtune.operator.k8s import crd_yaml
+from kvtune.operator.k8s.crd import (
     KVTuningPolicy,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
@@ -23,10 +27,6 @@ from kvtune.operator.crd import (
     state_from_status,
     state_to_status,
 )
-from kvtune.operator.ladder import Remedy
-from kvtune.operator.policy import Mode
-from kvtune.operator.prediction import PredictionState
-from kvtune.operator.tuner import Figures, HistoryEntry, Pending, TunerState
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "charts" / "kvtune" / "crds" / "kvtuningpolicy.yaml"
@@ -49,7 +49,7 @@ def sample() -> dict[str, Any]:
 def test_committed_crd_matches_the_models() -> None:
     assert CRD_FILE.read_text() == crd_yaml.render(), (
         "charts/kvtune/crds/kvtuningpolicy.yaml is stale: "
-        "python -m kvtune.operator.crd_yaml > charts/kvtune/crds/kvtuningpolicy.yaml"
+        "python -m kvtune.operator.k8s.crd_yaml > charts/kvtune/crds/kvtuningpolicy.yaml"
     )
 
 
@@ -66,7 +66,7 @@ def test_crd_is_a_valid_custom_resource_definition() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:4] == ["Mode", "Current", "Recommended", "Preempting"]
+    assert columns[:5] == ["Mode", "Running", "Current", "Recommended", "Preempting"]
 
 
 def walk(node: dict[str, Any], path: str = "$"):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvtune.cli import main
-from kvtune.operator.doctor_admission import engine_base
+from kvtune.operator.doctor.admission import engine_base
 from tests.operator.helpers import fixture_text, metrics_answer, serve_routes, vllm_asking_long
 
 ARGS = ["--window-seconds", "0.2", "--samples", "2", "--max-num-seqs", "64"]

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
-from kvtune.operator.doctor import parse_duration
-from kvtune.operator.sources import MAX_RANGE_POINTS, PrometheusSource, range_step
+from kvtune.operator.doctor.command import parse_duration
+from kvtune.operator.io.sources import MAX_RANGE_POINTS, PrometheusSource, range_step
 from tests.operator.helpers import fixture_text, reply, serve_bodies
 
 SINCE_BOOT_LINE = "the engine is quiet now; diagnosing from its counters since boot (30 minutes)"
@@ -96,8 +96,9 @@ def test_quiet_engine_without_a_start_time_says_the_span_is_unknown(
 
 
 def test_a_busy_engine_is_diagnosed_over_the_window_as_before(capsys: pytest.CaptureFixture[str]) -> None:
-    t0 = fixture_text("kvtune_preempting_t0.prom") + started(1800)
-    for url in serve_bodies([t0, quiet()]):
+    boot = started(1800)  # one process: the same start time in both scrapes
+    t0 = fixture_text("kvtune_preempting_t0.prom") + boot
+    for url in serve_bodies([t0, quiet(seconds_ago=None) + boot]):
         data = doctor_json(["--metrics-url", url], capsys)
         assert data["basis"] == "window" and data["findings"]["preemptions"] == 49
         assert remedy(data, "lower_max_num_seqs")["recommended"] == 4

@@ -7,18 +7,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.crd import DesiredValues, KVTuningPolicyStatus, state_from_status, state_to_status
-from kvtune.operator.diagnosis import Diagnosis
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.ladder import Remedy
-from kvtune.operator.local import Tick, step
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.restart import drifted, engine_restarted
-from kvtune.operator.sample import Sample, SampleResult
-from kvtune.operator.sources import parse_exposition
-from kvtune.operator.tuner import Figures, Pending, TunerState, _evaluate
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.diagnosis import Diagnosis
+from kvtune.operator.decide.ladder import Remedy
+from kvtune.operator.decide.loop import Tick, step
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.restart import drifted, engine_restarted
+from kvtune.operator.decide.sample import Sample, SampleResult
+from kvtune.operator.decide.tuner import Figures, Pending, TunerState, _evaluate
+from kvtune.operator.io.sources import parse_exposition
+from kvtune.operator.k8s.crd import DesiredValues, KVTuningPolicyStatus, state_from_status, state_to_status
 from tests.operator.helpers import synthetic
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)
@@ -75,7 +75,7 @@ class Engine:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, dict(self.values))
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         assert value is None or isinstance(value, int)
         self.calls.append((knob, value))
         self.values[knob] = value

@@ -14,7 +14,7 @@ from urllib.parse import parse_qs
 import pytest
 from kubernetes import client
 
-from kvtune.operator.kube_api import METADATA_ONLY, USER_AGENT, KubeApi, KubeError
+from kvtune.operator.k8s.kube_api import METADATA_ONLY, USER_AGENT, KubeApi, KubeError
 from tests.operator.helpers import reply
 
 SECRET = {"kind": "Secret", "metadata": {"name": "s", "resourceVersion": "7"}, "data": {"token": "dA=="}}

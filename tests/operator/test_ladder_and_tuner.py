@@ -5,14 +5,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, EngineView
-from kvtune.operator.ladder import LADDER, Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.tuner import Decision, Figures, Pending, TunerState, decide
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.ladder import (
+    LADDER,
+    Remedy,
+    plan,
+    pool_binds,
+    raise_max_num_seqs,
+    recommend_fp8_kv,
+)
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.tuner import Decision, Figures, Pending, TunerState, decide
+from kvtune.operator.decide.window import Window
 from tests.operator.helpers import kvtune_engine, synthetic
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=10, cooldown_s=10, cap_floor=64)

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import kvtune_command
-from kvtune.bench.local_http import free_port
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import cli_argv
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import api_calls
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (fixtures)
@@ -60,7 +60,7 @@ async def wait_for(
 
 @pytest.mark.asyncio
 @pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 async def test_the_command_line_operator_is_healthy_serves_its_metrics_and_stops_on_sigterm(
     kube: OptimisticEmulator,  # noqa: F811
     metrics_url: str,  # noqa: F811
@@ -70,16 +70,17 @@ async def test_the_command_line_operator_is_healthy_serves_its_metrics_and_stops
     add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
     add_policy(kube, policy_spec(metrics_url, "Recommend"))
     health, metrics = free_port(), free_port()
-    command = kvtune_command("operator", "--namespace", NS, "--peering", PEERING,
+    command = cli_argv("operator", "--namespace", NS, "--peering", PEERING,
                              "--liveness-port", str(health), "--metrics-port", str(metrics))  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": str(REPO)}  # KUBECONFIG: the kube fixture's, pointing at kmock
     log = tmp_path / "operator.log"
     with log.open("wb") as out:
         operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=REPO)
     try:
-        await wait_for(f"http://127.0.0.1:{health}/healthz", "", 30, operator)
+        # hang deadlines: the whole test takes ~10 s here, ~16 s with both cores loaded
+        await wait_for(f"http://127.0.0.1:{health}/healthz", "", 120, operator)
         evaluated = f'kvtune_operator_last_evaluation_timestamp_seconds{{namespace="{NS}",policy="llama"}}'
-        scrape = await wait_for(f"http://127.0.0.1:{metrics}/metrics", evaluated, 30, operator)
+        scrape = await wait_for(f"http://127.0.0.1:{metrics}/metrics", evaluated, 120, operator)
         assert scrape.headers["content-type"].startswith("text/plain")
         operator.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(operator.wait, 20)

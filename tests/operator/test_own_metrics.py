@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from kvtune.operator.actuators import ActuatorResult
-from kvtune.operator.local import Tick
-from kvtune.operator.own_metrics import Evaluation, OperatorMetrics, evaluation_of
-from kvtune.operator.tuner import Decision, TunerState
+from kvtune import __version__
+from kvtune.operator.decide.loop import Tick
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.tuner import Decision, TunerState
+from kvtune.operator.io.own_metrics import Evaluation, OperatorMetrics, evaluation_of
 from tests.operator.helpers import Series, kvtune_engine, parse_series, series_value, synthetic
 from tests.operator.test_ladder_and_tuner import preempting, step
 
@@ -64,7 +65,8 @@ def test_forget_drops_only_the_deleted_policys_series() -> None:
     metrics.record("inference", "llama", full)
     metrics.record("inference", "mistral", full)
     metrics.forget("inference", "llama")
-    kept = {dict(labels)["policy"] for _, labels in scraped(metrics)}
-    assert kept == {"mistral"}
+    kept = {dict(labels).get("policy") for _, labels in scraped(metrics)}
+    assert kept == {"mistral", None}  # None: kvtune_operator_info, the operator's, stays
+    assert series_value(scraped(metrics), "kvtune_operator_info", version=__version__, max_mode="Apply") == 1
     metrics.record("inference", "llama", Evaluation(at=6.0))  # a policy created again starts from zero
     assert series_value(scraped(metrics), "kvtune_operator_errors_total", **POLICY, kind="apply") == 0

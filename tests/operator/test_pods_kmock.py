@@ -19,13 +19,13 @@ from typing import Any
 import kmock
 import pytest
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.policy_tick import Outcome, PolicyMemory, run_once
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.window import Window
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.helpers import fixture_text, reply
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube: the emulator fixture)
     DEPLOYMENTS,

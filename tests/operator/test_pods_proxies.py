@@ -11,16 +11,17 @@ import jsonschema
 import pydantic
 import pytest
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import ActuatorResult, ComposedActuator, FanOutActuator
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.local import reapply_desired
-from kvtune.operator.pods import Pod, PodEndpointsSource
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.pooling import PoolState, pool
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint
-from kvtune.operator.tuner import TunerState
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.loop import reapply_desired
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.pooling import PoolState, pool
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.io.actuators import ComposedActuator, FanOutActuator
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.pods import Pod, PodEndpointsSource
 from tests.operator.test_crd import openapi_schema, walk
 
 
@@ -133,7 +134,7 @@ class Proxy:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, {"max_tokens_cap": self.cap})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         assert value is None or isinstance(value, int)
         self.cap = value
         return self.current()
@@ -147,7 +148,7 @@ class Deployment:
     def current(self) -> ActuatorResult:
         return ActuatorResult(True, {"max_num_seqs": 64})
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         raise AssertionError("the Deployment is not patched to put a proxy's cap back")
 
 

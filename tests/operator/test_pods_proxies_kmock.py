@@ -18,8 +18,8 @@ from typing import Any
 import kmock
 import pytest
 
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.policy_tick import PolicyMemory
+from kvtune.operator.k8s.reconcile import PolicyMemory
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.helpers import fixture_text, reply, vllm_asking_long
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube: the emulator fixture)
     DEPLOYMENTS,

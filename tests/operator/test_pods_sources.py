@@ -11,13 +11,14 @@ import jsonschema
 import pydantic
 import pytest
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.actuators import ActuatorResult, FanOutActuator
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.pods import Pod, PooledSource, pod_url, ready_pods
-from kvtune.operator.pooling import PoolState
-from kvtune.operator.sample import NoData, Sample
-from kvtune.operator.sources import PrometheusSource
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.pooling import PoolState
+from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.io.actuators import FanOutActuator
+from kvtune.operator.io.sources import PrometheusSource
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.pods import Pod, PooledSource, pod_url, ready_pods
 from tests.operator.helpers import fixture_text, serve_routes
 from tests.operator.test_crd import openapi_schema, walk
 
@@ -105,7 +106,7 @@ class Engine:
             else ActuatorResult(False, {}, "refused")
         )
 
-    def apply(self, knob: str, value: int | str | None) -> ActuatorResult:
+    def apply(self, knob: str, value: int | str | None, cause: str = "") -> ActuatorResult:
         if not self.reachable:
             return ActuatorResult(False, {}, "refused")
         assert isinstance(value, int)

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.pooling import PoolState, evidence, pool, worst_pod_line
-from kvtune.operator.sample import Histogram, Sample
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.pooling import PoolState, evidence, pool, worst_pod_line
+from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.window import Window
 
 HORIZON = 1e9
 BOUNDS = (100.0, 500.0, float("inf"))

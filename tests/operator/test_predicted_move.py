@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.core.predict import MISSES_BEFORE_STEPPING
-from kvtune.operator import metric_names as m
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, EngineView
-from kvtune.operator.ladder import Remedy
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Histogram, Sample
-from kvtune.operator.tuner import TunerState, decide
-from kvtune.operator.window import Window
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.ladder import Remedy
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.tuner import TunerState, decide
+from kvtune.operator.decide.window import Window
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=4, cooldown_s=4, predict=True)
 POOL = 4096

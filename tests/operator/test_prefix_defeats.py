@@ -11,14 +11,14 @@ from dataclasses import replace
 import pytest
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
-from kvtune.operator.diagnosis import Diagnosis, diagnose
-from kvtune.operator.engine_view import EngineView, engine_view_from_sample
-from kvtune.operator.ladder import cap_max_tokens, flag_prefix_defeat
-from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.diagnosis import Diagnosis, diagnose
+from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
+from kvtune.operator.decide.ladder import cap_max_tokens, flag_prefix_defeat
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.window import Window
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from tests.operator.helpers import (
     FIXTURES,
     fixture_text,

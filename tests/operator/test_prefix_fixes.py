@@ -4,7 +4,7 @@ figures the metrics give where no report is at hand."""
 from __future__ import annotations
 
 from kvtune.core import prefix_defeats
-from kvtune.operator.prefix_fixes import REASONS, fix_text
+from kvtune.operator.decide.prefix_fixes import REASONS, fix_text
 
 
 def test_the_reasons_are_the_detectors() -> None:
@@ -26,7 +26,7 @@ def test_fixes_from_metrics_carry_the_figures_they_have() -> None:
 
 def test_a_report_from_the_detector_reads_in_the_doctor() -> None:
     """The detector's own report JSON, fed a timestamp-head workload, gives the doctor's varying_head line."""
-    from kvtune.operator.prefix_report import defeat_entries, entry_line
+    from kvtune.operator.io.prefix_report import defeat_entries, entry_line
 
     detector = prefix_defeats.PrefixDefeatDetector(16)
     shared = list(range(1000, 1200))

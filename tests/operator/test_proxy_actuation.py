@@ -18,11 +18,11 @@ import kmock
 import pytest
 
 from kvtune.cli import main
-from kvtune.operator.crd import KVTuningPolicySpec
-from kvtune.operator.events import PolicyRef
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.kube_api import KubeApi
-from kvtune.operator.policy_tick import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.crd import KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import KubeApi
+from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator import test_handlers_kmock
 from tests.operator.helpers import fixture_text, reply, serve_bodies, vllm_asking_long
 from tests.operator.test_handlers_kmock import (

@@ -22,10 +22,10 @@ import kmock
 import kopf
 import pytest
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.peering import kopf_peering_arguments
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.k8s.peering import kopf_peering_arguments
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import ApiCall, api_calls
 from tests.operator.helpers import reply
@@ -194,9 +194,15 @@ def set_up(
     return Scenario(pods)
 
 
+def ticks(cluster: OptimisticEmulator) -> dict[str, int]:
+    """Evaluations so far, by policy: every tick ends with a write of the policy's status."""
+    writes = [r.name for r in ours(cluster[kmock.action.UPDATE, POLICIES]) if r.subresource == "status"]
+    return {name: writes.count(name) for name in set(writes)}
+
+
 async def operate(cluster: OptimisticEmulator, scenario: Scenario, clusterwide: bool) -> set[ApiCall]:
     """Run kopf as `kvtune operator --peering NAME (--namespace NS | --all-namespaces)` does, until every
-    path has acted; every API call it made."""
+    path has acted, and two ticks more; every API call it made."""
     stop = asyncio.Event()
     operator = asyncio.create_task(kopf.operator(
         clusterwide=clusterwide, namespaces=[] if clusterwide else [NS], stop_flag=stop,
@@ -210,9 +216,12 @@ async def operate(cluster: OptimisticEmulator, scenario: Scenario, clusterwide: 
             )
             assert not operator.done(), operator
             await asyncio.sleep(0.2)
-        await asyncio.sleep(
-            1.5
-        )  # a keep-alive of the peering and a few more ticks: the steady state's calls too
+        # two more ticks of every policy (each tick ends with its status write): the steady state's calls too
+        after, deadline = ticks(cluster), time.monotonic() + 45
+        while any(ticks(cluster)[policy] < done + 2 for policy, done in after.items()):
+            assert time.monotonic() < deadline, f"the policies did not tick on: {ticks(cluster)}"
+            assert not operator.done(), operator
+            await asyncio.sleep(0.2)
     finally:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):

@@ -10,9 +10,9 @@ from typing import ClassVar
 
 import pytest
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.sample import NoData, Sample
-from kvtune.operator.sources import MetricsEndpoint, PrometheusSource, parse_exposition
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.io.sources import MetricsEndpoint, PrometheusSource, parse_exposition
 from tests.operator.helpers import fixture_text, prometheus_vector, recorded
 
 SGLANG = """\

@@ -11,14 +11,15 @@ from dataclasses import dataclass, field, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.diagnosis import Diagnosis
-from kvtune.operator.engine_view import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP, EngineView
-from kvtune.operator.ladder import probe_max_num_seqs
-from kvtune.operator.policy import Mode, TuningPolicy
-from kvtune.operator.sample import Histogram, Sample
-from kvtune.operator.tuner import Decision, TunerState, decide
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
+from kvtune.operator.decide.diagnosis import Diagnosis
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.ladder import probe_max_num_seqs
+from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.tuner import Decision, TunerState, decide
+from kvtune.operator.decide.window import Window
 
 POOL = 6144
 WINDOW_S = 3.0

@@ -14,11 +14,12 @@ import httpx
 import kmock
 import kopf
 import pytest
+from kopf._core.engines import peering as kopf_peering
 
-import kvtune.operator.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.k8s_actuator import read_flag
-from kvtune.operator.own_metrics import OperatorMetrics
-from kvtune.operator.peering import kopf_peering_arguments
+import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.k8s.peering import kopf_peering_arguments
+from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.api_calls import ApiCall, api_calls
 from tests.operator.test_handlers_kmock import (  # noqa: F401  (fixtures)
     DEPLOYMENTS,
@@ -32,6 +33,7 @@ from tests.operator.test_handlers_kmock import (  # noqa: F401  (fixtures)
     metrics_url,
     our_events,
     policy_spec,
+    status_writes,
 )
 
 PEERING = "kvtune"
@@ -64,6 +66,24 @@ async def create_policy(cluster: OptimisticEmulator, spec: dict[str, Any]) -> No
     assert answer.status_code in (200, 201), answer.text
 
 
+@pytest.fixture
+def paused(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Each replica's own pause switch (kopf's `conflicts_found` toggle for the peering), as kopf hands it to
+    the function that processes peering events: observed, not changed, so a test can wait until the lower
+    priority has actually paused (kopf starts a replica paused, so no log line need say so)."""
+    switches: dict[str, Any] = {}
+    real = kopf_peering.process_peering_event
+
+    async def observed(
+        *, identity: kopf_peering.Identity, conflicts_found: Any = None, **kwargs: Any
+    ) -> None:
+        switches[identity] = conflicts_found
+        await real(identity=identity, conflicts_found=conflicts_found, **kwargs)
+
+    monkeypatch.setattr(kopf_peering, "process_peering_event", observed)
+    return switches
+
+
 def evaluated(metrics: OperatorMetrics) -> bool:
     value = metrics.registry.get_sample_value(
         "kvtune_operator_last_evaluation_timestamp_seconds", {"namespace": NS, "policy": "llama"}
@@ -82,7 +102,11 @@ async def wait_for(condition: Any, seconds: float, what: str, operators: list[as
 @pytest.mark.asyncio
 @pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(90)
-async def test_two_replicas_one_acts_the_other_stands_by(kube: OptimisticEmulator, metrics_url: str) -> None:  # noqa: F811
+async def test_two_replicas_one_acts_the_other_stands_by(
+    kube: OptimisticEmulator,  # noqa: F811
+    metrics_url: str,  # noqa: F811
+    paused: dict[str, Any],
+) -> None:
     add_peering(kube)
     add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
     stop = asyncio.Event()
@@ -98,11 +122,15 @@ async def test_two_replicas_one_acts_the_other_stands_by(kube: OptimisticEmulato
     try:
         peers = lambda: kube.objects[PEERINGS, NS, PEERING].get("status", {})  # noqa: E731
         await wait_for(lambda: set(peers()) == set(replicas), 30, "both replicas keep alive", operators)
-        await asyncio.sleep(2)  # the lower priority sees the higher one and pauses
+        ranked = sorted(replicas, key=lambda identity: peers()[identity]["priority"])
+        await wait_for(lambda: set(paused) == set(replicas) and paused[ranked[0]].is_on() and paused[ranked[1]].is_off(),
+                       30, "the lower priority to pause and the higher to resume", operators)  # fmt: skip
         await create_policy(kube, policy_spec(metrics_url, "Apply"))
         await wait_for(lambda: read_flag(container_args(kube), "--max-num-seqs") != 64 and our_events(kube),
                        30, "the active replica did not act within 30 s", operators)  # fmt: skip
-        await asyncio.sleep(3)  # time for a second actor, if there were one, to act too
+        # three more evaluations by the active replica: a second actor, if there were one, ticks as often
+        ticked = len(status_writes(kube)) + 3
+        await wait_for(lambda: len(status_writes(kube)) >= ticked, 30, "three more evaluations", operators)
         acted = [identity for identity, metrics in replicas.items() if evaluated(metrics)]
         priorities = {identity: entry["priority"] for identity, entry in peers().items()}
     finally:

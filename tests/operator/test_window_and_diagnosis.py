@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtune.operator import metric_names as m
-from kvtune.operator.diagnosis import diagnose, pooled_p95_concurrency
-from kvtune.operator.engine_view import engine_view_from_sample
-from kvtune.operator.sample import Sample
-from kvtune.operator.window import Window, histogram_quantile
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.diagnosis import diagnose, pooled_p95_concurrency
+from kvtune.operator.decide.engine_view import engine_view_from_sample
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.window import Window, histogram_quantile
 from tests.operator.helpers import cumulative, kvtune_engine, recorded, synthetic
 
 
@@ -117,7 +117,7 @@ def test_sglang_window_diagnoses_retractions() -> None:
 
 
 def recorded_text(text: str, t: float) -> Sample:
-    from kvtune.operator.sources import parse_exposition
+    from kvtune.operator.io.sources import parse_exposition
 
     sample = parse_exposition(text, t, "sglang")
     assert isinstance(sample, Sample)

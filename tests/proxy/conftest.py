@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.proxy.cap import CapPolicy
+from kvtune.contract.admin import CapSetting
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
 from tests.server import conftest as server_conftest
 from tests.server.live_server import LiveServer, start_server
@@ -54,7 +54,7 @@ def client(proxy: LiveProxy) -> Iterator[httpx.Client]:
     """A client of the proxy; the cap is back to none after each test."""
     with httpx.Client(base_url=proxy.url, timeout=60) as http:
         yield http
-    proxy.core.set_policy(CapPolicy())
+    proxy.core.set_cap_setting(CapSetting())
 
 
 @pytest.fixture()

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.core.max_tokens_cap import CAP_HEADER
+from kvtune.contract.admin import CAP_HEADER
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, free_port, start_proxy
 from tests.server.live_server import LiveServer, Samples, scrape
 

@@ -5,6 +5,7 @@ exception, a cancelled read that closes its connection, and the bound on open co
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -83,6 +84,14 @@ def answer_every_request(body: bytes) -> Callable[[Upstream], Handler]:
         return handler
 
     return of
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the event loop until `condition` holds; the deadline only catches a hang."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.001)
 
 
 async def collect(response: httpx.Response) -> list[bytes]:
@@ -292,9 +301,10 @@ def silent(upstream: Upstream) -> Handler:
 def test_no_answer_within_the_read_timeout_is_a_read_timeout() -> None:
     async def scenario() -> None:
         transport = FastTransport()
+        # only the read is short: a connect on a busy machine can take over 0.2 s (a ConnectTimeout, not this)
         async with (
             serving(silent) as upstream,
-            httpx.AsyncClient(transport=transport, timeout=0.2) as client,
+            httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(0.2, connect=10.0)) as client,
         ):
             with pytest.raises(httpx.ReadTimeout):
                 await client.post(upstream.url, content=b"{}")
@@ -443,7 +453,13 @@ def test_open_connections_stay_within_the_bound() -> None:
         transport = FastTransport(max_connections=2)
         async with serving(of) as upstream, httpx.AsyncClient(transport=transport) as client:
             requests = [asyncio.create_task(client.post(upstream.url, content=b"{}")) for _ in range(5)]
-            await asyncio.sleep(0.2)
+            # until two requests are in and the other three wait for room in the pool (or, were the bound
+            # broken, a third connection opened)
+            await until(
+                lambda: (
+                    (len(upstream.heads) == 2 and len(transport._waiters) == 3) or upstream.connections > 2
+                )
+            )
             assert upstream.open_now == 2  # the other three wait for a connection
             release.set()
             answers = await asyncio.gather(*requests)
@@ -462,7 +478,7 @@ def test_waiting_longer_than_the_pool_timeout_is_a_pool_timeout() -> None:
             httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5, pool=0.1)) as client,
         ):
             holder = asyncio.create_task(client.post(upstream.url, content=b"{}"))
-            await asyncio.sleep(0.05)
+            await until(lambda: len(upstream.heads) == 1)  # the holder has the one connection
             with pytest.raises(httpx.PoolTimeout):
                 await client.post(upstream.url, content=b"{}")
             holder.cancel()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.proxy.cap import CapPolicy
+from kvtune.contract.admin import CapSetting
 from tests.proxy.live_proxy import LiveProxy, RawUpstream, read_request_head, start_proxy
 
 ANSWER = b'{"id":"cmpl-1","choices":[]}'
@@ -82,7 +82,7 @@ def test_unchanged_bodies_go_through_byte_for_byte(recorded: tuple[Recorder, Liv
 
 def test_only_a_capped_body_is_rewritten(recorded: tuple[Recorder, LiveProxy]) -> None:
     recorder, live = recorded
-    live.core.set_policy(CapPolicy(3, "clamp"))
+    live.core.set_cap_setting(CapSetting(3, "clamp"))
     with httpx.Client(base_url=live.url, timeout=30) as http:
         capped = http.post(
             "/v1/chat/completions", json={"model": "tiny", "messages": [], "max_completion_tokens": 9}

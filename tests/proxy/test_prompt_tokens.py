@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtune.engine_sidecar.tokenizer import load_tokenizer
+from kvtune.front.text.tokenizer import load_tokenizer
 from kvtune.proxy.prompt_tokens import PromptTokens, PromptTooLongError
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
+from kvtune.engine.model.tiny_model import write_tiny_model
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, start_server
 
 

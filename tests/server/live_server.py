@@ -4,19 +4,21 @@ loopback port, with handles on its engine for checks no HTTP endpoint exposes; a
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.engine_sidecar import serve
-from kvtune.engine_sidecar.engine import EngineCounters, LLMEngine
+from kvtune.engine import command as serve
+from kvtune.engine.loop.llm_engine import EngineCounters, LLMEngine
 
 T = TypeVar("T")
 ADMIN_TOKEN = "test-admin-token"
@@ -41,6 +43,30 @@ class LiveServer:
                 raise AssertionError("the engine did not go idle")
             time.sleep(0.05)
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the engine thread between two steps for the block's length: no token is generated meanwhile,
+        so a test can act on a request known to be mid-way (hang up, send more) however fast the machine is.
+        Commands sent meanwhile (an abort, an add) queue up and run, in order, before the next step."""
+        holding, release = threading.Event(), threading.Event()
+
+        def hold(_: LLMEngine) -> None:
+            holding.set()
+            release.wait(120)
+
+        held = self.built.async_engine.submit(hold)
+        try:
+            assert holding.wait(30), "the engine thread did not reach the pause"
+            yield
+        finally:
+            release.set()
+            held.result(30)
+
+    def commands_queued(self) -> int:
+        """Commands (adds, aborts, admin changes) waiting for the engine thread; with the engine paused, a
+        test sees here that the front has handed a command over, such as the abort of a client that left."""
+        return self.built.async_engine._commands.qsize()
+
     def blocks_held(self) -> int:
         return self.on_engine(lambda e: e.allocator.slots_held // e.cache.block_size)
 
@@ -51,6 +77,32 @@ class LiveServer:
     def stop(self) -> None:
         self.built.uvicorn.should_exit = True
         self.thread.join(30)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll `condition` until it holds; the timeout only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def hang_up_mid_way(url: str, path: str, body: dict[str, Any], engine: LiveServer) -> None:
+    """POST `body` (not streamed) to `url` + `path`, and hang up once `engine` holds its blocks. The engine is
+    paused from then until the front has queued the abort, so the request cannot finish before the client
+    leaves, however fast the machine (a client whose read timeout fires closes its connection just so)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=60) as client:
+        client.sendall(head.encode() + payload)
+        wait_for(lambda: engine.blocks_held() > 0, "the request to be running")
+        with engine.paused():
+            client.close()
+            wait_for(lambda: engine.commands_queued() > 0, "the front to queue the abort of the client")
 
 
 def start_server(model_dir: Path, *flags: str) -> LiveServer:

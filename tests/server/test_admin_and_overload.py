@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from kvtune.cli import main
-from kvtune.engine_sidecar.async_engine import DEFAULT_WAITING_PER_SEQ, UNLIMITED_WAITING, AsyncEngine
+from kvtune.engine.loop.thread import DEFAULT_WAITING_PER_SEQ, UNLIMITED_WAITING, AsyncEngine
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, scrape, start_server, total
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -152,16 +152,17 @@ def test_waiting_queue_over_the_limit_gets_429(narrow_server: LiveServer) -> Non
             assert waiting.status_code == 200
             wait_until(lambda: latest.latest.num_waiting == 1)
             rejected_before = total(scrape(http), "kvtune:rejected_requests_total")
-            refused = httpx.post(f"{narrow_server.url}/v1/completions", json={**body, "stream": False})
+            with narrow_server.paused():  # the running one cannot finish and free the waiting slot meanwhile
+                refused = httpx.post(f"{narrow_server.url}/v1/completions", json={**body, "stream": False})
+                refused_chat = httpx.post(
+                    f"{narrow_server.url}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                )
             assert refused.status_code == 429
             assert int(refused.headers["Retry-After"]) >= 1
             error = refused.json()["error"]
             assert "--max-waiting-requests" in error["message"] and "retry" in error["message"]
             assert error["type"] == error["code"] == "rate_limit_exceeded"
-            refused_chat = httpx.post(
-                f"{narrow_server.url}/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-            )
             assert refused_chat.status_code == 429
             wait_until(lambda: total(scrape(http), "kvtune:rejected_requests_total") == rejected_before + 2)
     narrow_server.wait_idle()
@@ -211,7 +212,8 @@ def test_the_default_queue_bound_is_sized_from_the_boot_max_num_seqs(
                 )
             wait_until(lambda: engine.latest.num_running == 1)
             wait_until(lambda: engine.latest.num_waiting == DEFAULT_WAITING_PER_SEQ)
-            refused = http.post("/v1/completions", json={**body, "stream": False})
+            with default_bound_server.paused():  # nothing running can finish and make room meanwhile
+                refused = http.post("/v1/completions", json={**body, "stream": False})
             assert refused.status_code == 429 and "Retry-After" in refused.headers
             assert "4 x max_num_seqs" in refused.json()["error"]["message"]
     default_bound_server.wait_idle()

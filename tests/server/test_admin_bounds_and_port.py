@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.bench.engine_process import EngineProcess, start_engine
-from kvtune.bench.local_http import free_port
-from kvtune.engine_sidecar.http_serving import read_token_file, token_file_exposure
+from kvtune.front.flags import read_token_file, token_file_exposure
+from kvtune.harness.engine_process import EngineProcess, start_engine
+from kvtune.harness.local_http import free_port
 from tests.server.live_server import ADMIN_TOKEN, LiveServer
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -128,7 +128,7 @@ def test_a_token_file_others_can_read_is_warned_about(
     token = tmp_path / "token"
     token.write_text("secret\n")
     token.chmod(mode)
-    with caplog.at_level(logging.WARNING, logger="kvtune.engine_sidecar.admin"):
+    with caplog.at_level(logging.WARNING, logger="kvtune.engine.http.admin"):
         assert read_token_file(token) == "secret"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
@@ -139,7 +139,7 @@ def test_a_private_token_file_is_not_warned_about(tmp_path: Path, caplog: pytest
     token = tmp_path / "token"
     token.write_text("secret\n")
     token.chmod(0o600)
-    with caplog.at_level(logging.WARNING, logger="kvtune.engine_sidecar.admin"):
+    with caplog.at_level(logging.WARNING, logger="kvtune.engine.http.admin"):
         assert read_token_file(token) == "secret"
     assert token_file_exposure(token) is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

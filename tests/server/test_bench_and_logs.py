@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from kvtune.cli import main
-from kvtune.engine_sidecar.async_engine import EngineStats
-from kvtune.engine_sidecar.engine import EngineCounters
-from kvtune.engine_sidecar.serve import log_capacity
-from kvtune.engine_sidecar.stats_log import StatsLine
+from kvtune.engine.command import log_capacity
+from kvtune.engine.http.stats_log import StatsLine
+from kvtune.engine.loop.llm_engine import EngineCounters
+from kvtune.engine.loop.thread import EngineStats
 from tests.server.live_server import LiveServer
 
 PERCENTILES = {"p50", "p90", "p99"}

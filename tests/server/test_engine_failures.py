@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from kvtune.cli import main
-from kvtune.engine_sidecar import serve
-from kvtune.engine_sidecar.engine import LLMEngine
+from kvtune.engine import command as serve
+from kvtune.engine.loop.llm_engine import LLMEngine
 from tests.server.live_server import LiveServer
 
 

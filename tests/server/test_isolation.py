@@ -21,8 +21,8 @@ import httpx
 import pytest
 import torch
 
-from kvtune.engine_sidecar.engine import LLMEngine
-from kvtune.engine_sidecar.sampling import SamplingParams
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.model.sampling import SamplingParams
 from tests.server.live_server import LiveServer, Samples, scrape, start_server, total
 
 HEALTHY = [

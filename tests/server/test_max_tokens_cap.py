@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.core.max_tokens_cap import CAP_HEADER, CAPPED_LABELS
-from kvtune.engine_sidecar.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
+from kvtune.contract.admin import CAP_HEADER
+from kvtune.contract.metrics import CAPPED_LABELS
+from kvtune.engine.http.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, Samples, scrape
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -18,8 +18,10 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -86,18 +88,60 @@ def _prefix_cache_traffic(
     return delta("vllm:prefix_cache_hits_total"), queries
 
 
+class ScrapeRelay:
+    """Passes GETs on to the server unchanged and counts the /metrics reads, so a test knows when the doctor
+    has taken its first sample instead of guessing how long its start takes."""
+
+    def __init__(self, upstream: str) -> None:
+        self.scrapes = 0
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "authorization")}
+                answer = httpx.get(f"{upstream}{self.path}", headers=headers, timeout=60)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("content-type", "text/plain"))
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
+                if self.path.startswith("/metrics"):
+                    relay.scrapes += 1
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class DoctorDuringTraffic:
     """`kvtune doctor --json` sampling the server while the clients send, as a user would run it on a
-    live incident: the defeats it names are the ones that moved in its window."""
+    live incident: the defeats it names are the ones that moved in its window. Its first sample is taken
+    before the clients start (waited for through a relay that counts its scrapes; the deadline only catches
+    a hang), and its second `window_s` later, once some of their requests are in."""
 
     def __init__(self, url: str, window_s: float = 4.0) -> None:
-        argv = [sys.executable, "-m", "kvtune.cli", "doctor", "--metrics-url", url, "--json",
+        self.relay = ScrapeRelay(url)
+        argv = [sys.executable, "-m", "kvtune.cli", "doctor", "--metrics-url", self.relay.url, "--json",
                 "--window-seconds", str(window_s), "--samples", "2"]  # fmt: skip
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.5)  # its imports and first scrape; the window then spans the clients' requests
+        deadline = time.monotonic() + 120
+        while self.relay.scrapes < 1:
+            assert self.process.poll() is None, self.process.communicate()[1]
+            assert time.monotonic() < deadline, "the doctor took no sample"
+            time.sleep(0.02)
 
     def report(self) -> dict[str, Any]:
-        out, err = self.process.communicate(timeout=120)
+        try:
+            out, err = self.process.communicate(timeout=120)
+        finally:
+            self.relay.stop()
         assert self.process.returncode == 0, err
         data: dict[str, Any] = json.loads(out)
         return data

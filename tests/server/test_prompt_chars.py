@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
-from kvtune.engine_sidecar.prompt_chars import max_chars_per_token, prompt_char_limit
-from kvtune.engine_sidecar.tiny_tokenizer import SPECIAL_TOKENS, build_byte_tokenizer
+from kvtune.front.text.prompt_chars import max_chars_per_token, prompt_char_limit
+from kvtune.front.text.tiny_tokenizer import SPECIAL_TOKENS, build_byte_tokenizer
 
 TINY = build_byte_tokenizer()
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.engine_sidecar import serve
-from kvtune.engine_sidecar.request_body import DEFAULT_MAX_REQUEST_BODY_BYTES, MAX_JSON_DEPTH
+from kvtune.engine import command as serve
 from kvtune.errors import KvtuneError
+from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES, MAX_JSON_DEPTH
 from tests.server.live_server import ADMIN_TOKEN, LiveServer
 from tests.server.test_bad_inputs import assert_openai_error
 

@@ -6,9 +6,9 @@ import bisect
 import itertools
 import random
 
-from kvtune.engine_sidecar.metrics import size_buckets
-from kvtune.operator.sample import Histogram
-from kvtune.operator.window import histogram_quantile
+from kvtune.engine.http.metrics import size_buckets
+from kvtune.operator.decide.sample import Histogram
+from kvtune.operator.decide.window import histogram_quantile
 
 
 def test_series_rises_in_steps_of_about_an_eighth() -> None:

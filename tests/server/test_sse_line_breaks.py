@@ -8,14 +8,14 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtune.engine_sidecar.openai_serving import _sse
-from kvtune.engine_sidecar.protocol import (
+from kvtune.engine.http.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatDelta,
     CompletionChoice,
     CompletionResponse,
 )
+from kvtune.engine.http.streaming import sse
 
 SPLITLINES_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 # Engine text is decoded from bytes, so it is always encodable UTF-8 (no lone surrogates).
@@ -34,22 +34,22 @@ def the_one_data_line(event: str) -> dict:
 def test_every_splitlines_separator_is_escaped() -> None:
     breaks = "".join(char for char in map(chr, range(0x3000)) if len(f"a{char}b".splitlines()) > 1)
     assert set(breaks) == set(SPLITLINES_BREAKS)  # the list the serialiser escapes is complete
-    assert the_one_data_line(_sse({"text": breaks}))["text"] == breaks
+    assert the_one_data_line(sse({"text": breaks}))["text"] == breaks
 
 
 @given(TEXT)
 def test_completion_chunk_is_one_event_and_round_trips(text: str) -> None:
     chunk = CompletionResponse(id="cmpl-1", model="tiny", choices=[CompletionChoice(index=0, text=text)])
-    assert the_one_data_line(_sse(chunk))["choices"][0]["text"] == text
+    assert the_one_data_line(sse(chunk))["choices"][0]["text"] == text
 
 
 @given(TEXT)
 def test_chat_chunk_is_one_event_and_round_trips(text: str) -> None:
     delta = ChatDelta(content=text)
     chunk = ChatCompletionChunk(id="c-1", model="tiny", choices=[ChatChunkChoice(index=0, delta=delta)])
-    assert the_one_data_line(_sse(chunk))["choices"][0]["delta"]["content"] == text
+    assert the_one_data_line(sse(chunk))["choices"][0]["delta"]["content"] == text
 
 
 @given(TEXT)
 def test_error_event_is_one_event_and_round_trips(text: str) -> None:
-    assert the_one_data_line(_sse({"error": {"message": text}}))["error"]["message"] == text
+    assert the_one_data_line(sse({"error": {"message": text}}))["error"]["message"] == text

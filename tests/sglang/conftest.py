@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.engine_sidecar.tiny_model import write_tiny_model
-from kvtune.proxy.cap import CapPolicy
+from kvtune.contract.admin import CapSetting
+from kvtune.engine.model.tiny_model import write_tiny_model
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
 from tests.sglang.stand_in import SGLangStandIn
 
@@ -52,4 +52,4 @@ def proxy(
 def client(proxy: LiveProxy) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
         yield http
-    proxy.core.set_policy(CapPolicy())
+    proxy.core.set_cap_setting(CapSetting())

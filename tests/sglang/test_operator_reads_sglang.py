@@ -13,14 +13,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.cli import main
-from kvtune.operator import metric_names as m
-from kvtune.operator.diagnosis import diagnose
-from kvtune.operator.engine_view import engine_view_from_sample
-from kvtune.operator.ladder import flag_prefix_defeat
-from kvtune.operator.policy import TuningPolicy
-from kvtune.operator.sample import Sample
-from kvtune.operator.sources import EngineWithProxy, MetricsEndpoint, parse_exposition
-from kvtune.operator.window import Window
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.diagnosis import diagnose
+from kvtune.operator.decide.engine_view import engine_view_from_sample
+from kvtune.operator.decide.ladder import flag_prefix_defeat
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.window import Window
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, parse_exposition
 from tests.proxy.live_proxy import LiveProxy
 from tests.proxy.test_prefix_report import clean_chat, stamped_chat
 from tests.sglang.conftest import TENANT_HEADER

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from kvtune.core.max_tokens_cap import CAP_HEADER
+from kvtune.contract.admin import CAP_HEADER
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy
 from tests.proxy.test_prefix_report import stamped_chat
 from tests.server.live_server import Samples, scrape

@@ -40,8 +40,11 @@ app.kubernetes.io/component: operator
 {{- .Values.peeringName | default (include "kvtune.fullname" .) -}}
 {{- end -}}
 
+{{/* An image reference; an empty repository fails the install naming the value to set (`what`): nothing
+publishes kvtune's images, and a made-up default would end in ImagePullBackOff. */}}
 {{- define "kvtune.image" -}}
-{{- printf "%s:%s" .image.repository (.image.tag | default .appVersion) -}}
+{{- $repository := required (printf "%s.repository is not set: build the image (scripts/build_image.sh, README \"Install in a cluster\"), push it to your registry and set %s.repository" .what .what) .image.repository -}}
+{{- printf "%s:%s" $repository (.image.tag | default .appVersion) -}}
 {{- end -}}
 
 {{/* The admin-token Secrets the operator may read: the values' list plus the enabled examples'. */}}
@@ -86,4 +89,43 @@ seccompProfile:
 {{- else -}}
 {{- randAlphaNum 40 | b64enc -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The rule groups of files/kvtune-rules.yaml as this release runs them: alerts in monitoring.prometheusRule
+.disabled left out, its additionalRuleLabels added (an alert's own labels win), `for` overridden per alert,
+each runbook_url on runbookBaseUrl when set, and the doctor command aimed at this release's operator and
+Prometheus. The rules file spells the command for release "kvtune" in namespace "kvtune-system". */}}
+{{- define "kvtune.ruleGroups" -}}
+{{- $values := .root.Values.monitoring.prometheusRule -}}
+{{- $exec := printf "kubectl -n %s exec deploy/%s --" .root.Release.Namespace (include "kvtune.fullname" .root) -}}
+{{- $groups := list -}}
+{{- range $group := .groups -}}
+{{- $kept := list -}}
+{{- range $rule := $group.rules -}}
+{{- if not (and $rule.alert (has $rule.alert $values.disabled)) -}}
+{{- if $rule.alert -}}
+{{- $_ := set $rule "labels" (merge (deepCopy $rule.labels) $values.additionalRuleLabels) -}}
+{{- with index $values.for $rule.alert -}}
+{{- $_ := set $rule "for" . -}}
+{{- end -}}
+{{- with $values.runbookBaseUrl -}}
+{{- $page := regexReplaceAll "^.*/" $rule.annotations.runbook_url "" -}}
+{{- $_ := set $rule.annotations "runbook_url" (printf "%s/%s" (trimSuffix "/" .) $page) -}}
+{{- end -}}
+{{- with $rule.annotations.doctor -}}
+{{- $doctor := replace "kubectl -n kvtune-system exec deploy/kvtune --" $exec . -}}
+{{- with $values.prometheusUrl -}}
+{{- $doctor = replace "<PROMETHEUS_URL>" . $doctor -}}
+{{- end -}}
+{{- $_ := set $rule.annotations "doctor" $doctor -}}
+{{- end -}}
+{{- end -}}
+{{- $kept = append $kept $rule -}}
+{{- end -}}
+{{- end -}}
+{{- if $kept -}}
+{{- $groups = append $groups (dict "name" $group.name "rules" $kept) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $groups -}}
 {{- end -}}

@@ -1,0 +1,22 @@
+# kvtune's proxy image: `kvtune proxy` in front of vLLM or SGLang (the max_tokens cap, the prefix-defeat
+# detector), the proxy extra only: no torch. Build from the repository root:
+#   docker build -f deploy/docker/proxy.Dockerfile -t REGISTRY/kvtune-proxy:0.1.0 .
+# Without Docker: scripts/build_image.sh proxy.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY kvtune ./kvtune
+RUN python -m venv /opt/kvtune \
+ && /opt/kvtune/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/kvtune/bin/pip install --no-cache-dir '.[proxy]'
+
+FROM python:3.11-slim
+COPY --from=build /opt/kvtune /opt/kvtune
+ENV PATH=/opt/kvtune/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# A numeric non-root user, so that Kubernetes' runAsNonRoot can check it without a passwd lookup.
+USER 65532:65532
+EXPOSE 8001
+ENTRYPOINT ["kvtune"]
+CMD ["proxy", "--help"]

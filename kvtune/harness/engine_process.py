@@ -1,0 +1,62 @@
+"""Start `kvtune serve` as a child process on a free loopback port (for benchmarks and tests): the operator
+reaches engines over HTTP only, so it starts one the same way a user would."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtune.harness.local_http import free_port, wait_for
+from kvtune.harness.server import cli_argv
+
+ENGINE_THREADS = 1  # torch threads of each started engine: several engines and a load share a small machine
+
+
+@dataclass
+class EngineProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def write_tiny_model(folder: Path) -> Path:
+    subprocess.run(cli_argv("tiny-model", str(folder)), check=True, capture_output=True)
+    return folder
+
+
+def start_engine(
+    model_dir: Path,
+    token_file: Path,
+    log: Path,
+    *flags: str,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    boot_timeout: float = 60.0,
+) -> EngineProcess:
+    """`kvtune serve --model DIR` with an admin token, ENGINE_THREADS torch threads and the given flags, on `port`
+    (default: a free one; pass the old one to restart an engine where its clients expect it) on `host` (an
+    address of its own: the pods of one Service share a port, each on its own address)."""
+    port = port or free_port()
+    command = cli_argv(
+        "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--host", host, "--port", str(port),
+        "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
+    )  # fmt: skip
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://{host}:{port}"
+    engine = EngineProcess(url, process, log)
+    try:
+        wait_for(f"{url}/metrics", boot_timeout)
+    except TimeoutError:
+        engine.stop()
+        raise
+    return engine

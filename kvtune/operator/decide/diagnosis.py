@@ -1,0 +1,335 @@
+"""Pure diagnosis: a window of samples and the engine's config in, measured figures and findings out.
+
+Every figure comes with the evidence a person needs to trust it; a figure the window cannot support is
+None, never a guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.continuity import ALTERNATING_HINT, anomalies
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.sample import Histogram
+from kvtune.operator.decide.window import Window, histogram_quantile
+
+MIN_OBSERVATIONS = 5  # finished requests a window needs before its own histograms are used
+KV_SATURATED = 0.9
+CACHED_SOURCES = ("local_cache_hit", "external_kv_transfer")
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str  # Preempting, KVSaturated, WaitingForCapacity, LowPrefixHitRate, NoData, Idle, EngineRestarted,
+    # CorruptMetrics, AlternatingSource
+    severity: str  # info, warning, critical
+    message: str
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Distribution:
+    p50: float
+    p95: float
+    p99: float
+    count: float
+    since: str  # "this window" or "since engine start"
+    mean: float | None = None  # exact, from the histogram's sum and count (no bucket interpolation)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    status: str  # no_data, idle, active
+    window_seconds: float = 0.0
+    samples: int = 0
+    restarts: int = 0
+    preemptions: float | None = None
+    preemption_rate: float | None = None
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    prefix_hit_rate: float | None = None
+    prefix_hit_rate_source: str | None = None
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    waiting_for_capacity: float | None = None
+    goodput: float | None = None  # generated tokens per second
+    prompt_len: Distribution | None = None
+    generation_len: Distribution | None = None
+    declared_max_tokens: Distribution | None = None
+    footprint_p50: float | None = None
+    footprint_p95: float | None = None
+    footprint_p99: float | None = None
+    footprint_mean: float | None = None
+    real_concurrency_ceiling: int | None = None
+    mean_footprint_concurrency: int | None = None  # pool / mean footprint: every resident at its mean size
+    pooled_p95_concurrency: int | None = None  # residents whose total footprint's p95 fits the pool
+    boot_line_concurrency: float | None = None
+    prompt_tokens: float | None = None  # prompt tokens processed in the window
+    # The prefix-defeat detector's findings in the window (kvtune serve, or a kvtune proxy in front of vLLM /
+    # SGLang), reasons that moved only: (reason, defeated prompts) and (reason, tokens that would have hit)
+    prefix_defeats: tuple[tuple[str, float], ...] = ()
+    prefix_defeat_tokens: tuple[tuple[str, float], ...] = ()
+    # (mode, requests) the max_tokens cap changed or refused in the window: clamp, reject, default ('' for
+    # an older kvtune's unlabelled counter)
+    capped_requests: tuple[tuple[str, float], ...] = ()
+    # series dropped as impossible in the window (NaN, negative counters, ...): (exposed name, what is wrong)
+    corrupt: tuple[tuple[str, str], ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def preempting(self) -> bool:
+        return bool(self.preemption_rate and self.preemption_rate > 0)
+
+    @property
+    def saturated(self) -> bool:
+        """KV nearly full while requests wait: the pool, not the scheduler, limits throughput."""
+        return (self.kv_usage_max or 0.0) >= KV_SATURATED and (self.waiting_max or 0.0) > 0
+
+
+def known(value: float | None, spec: str) -> str:
+    """A figure as the operator says it: `unknown` where it could not be read, never a made-up 0."""
+    return "unknown" if value is None else format(value, spec)
+
+
+def corrupt_text(corrupt: tuple[tuple[str, str], ...]) -> str:
+    """The corrupt series as the doctor names them: `name (what is wrong), ...`."""
+    return ", ".join(f"{name} ({problem})" for name, problem in corrupt)
+
+
+def no_data(reason: str) -> Diagnosis:
+    return Diagnosis("no_data", findings=(Finding("NoData", "warning", f"no data: {reason}", reason),))
+
+
+def distribution(window: Window, name: str) -> Distribution | None:
+    """Quantiles of a per-request histogram: from the window when it saw enough finished requests, else
+    from everything since the engine started."""
+    delta = window.histogram_delta(name)
+    chosen: tuple[Histogram, str] | None = None
+    if delta is not None and delta.count >= MIN_OBSERVATIONS:
+        chosen = (delta, "this window")
+    else:
+        latest = window.histogram_latest(name)
+        if latest is not None and latest.count > 0:
+            chosen = (latest, "since engine start")
+    if chosen is None:
+        return None
+    histogram, since = chosen
+    p50, p95, p99 = (histogram_quantile(q, histogram) for q in (0.5, 0.95, 0.99))
+    if p50 is None or p95 is None or p99 is None:
+        return None
+    mean = histogram.total / histogram.count if histogram.total > 0 else None  # no sum recorded: unknown
+    return Distribution(p50, p95, p99, histogram.count, since, mean)
+
+
+def prefix_hit_rate(window: Window) -> tuple[float | None, str | None]:
+    """Token hit rate, preferring counters that stay honest under pressure (prompt tokens by source, then
+    cached prompt tokens) over the prefix-cache query counters older builds skew, then SGLang's gauge."""
+    by_source = window.increases_with_prefix(m.PROMPT_TOKENS_BY_SOURCE)
+    if sum(by_source.values()) > 0:
+        cached = sum(by_source.get(source, 0.0) for source in CACHED_SOURCES)
+        return cached / sum(by_source.values()), "prompt_tokens_by_source"
+    cached_tokens = window.increase(m.PROMPT_TOKENS_CACHED)
+    prompt_tokens = window.increase(m.PROMPT_TOKENS)
+    if cached_tokens is not None and prompt_tokens:
+        return min(cached_tokens / prompt_tokens, 1.0), "prompt_tokens_cached"
+    hits, queries = window.increase(m.PREFIX_HITS), window.increase(m.PREFIX_QUERIES)
+    if hits is not None and queries:
+        return hits / queries, "prefix_cache_hits/queries"
+    gauge = window.gauge_mean(m.CACHE_HIT_RATE_GAUGE)
+    if gauge is not None:
+        return gauge, "cache_hit_rate gauge"
+    return None, None
+
+
+def moved(window: Window, name: str) -> tuple[tuple[str, float], ...]:
+    """(label value, increase) of a split counter over the window, for the label values that moved."""
+    return tuple(sorted((label, v) for label, v in window.increases_with_prefix(name).items() if v > 0))
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def pooled_p95_concurrency(pool: float, mean: float | None, p95: float | None) -> int | None:
+    """The most residents whose *total* footprint stays within the pool at its 95th percentile.
+
+    pool / p95 sizes as if every resident held a p95-sized request at once; but residents' sizes are
+    independent, so their total has mean N x mean and spread sqrt(N) x sigma, and its p95 is about
+    N x mean + 1.645 sqrt(N) sigma. With p95 ~ mean + 1.645 sigma for one request, that is
+    N x mean + sqrt(N) x (p95 - mean). One resident gives pool / p95 exactly; many move towards pool / mean
+    as their sizes average out. (Still on the safe side: residents are part-way through their generation.)
+    None without both figures; at least 1.
+    """
+    if not mean or not p95 or mean <= 0:
+        return None
+    spread = max(p95 - mean, 0.0)
+    root = (-spread + math.sqrt(spread * spread + 4 * mean * pool)) / (2 * mean)
+    count = max(1, math.floor(root * root))
+    while count > 1 and count * mean + math.sqrt(count) * spread > pool:
+        count -= 1
+    while (count + 1) * mean + math.sqrt(count + 1) * spread <= pool:
+        count += 1
+    return count
+
+
+def diagnose(window: Window, engine: EngineView) -> Diagnosis:
+    if not window.samples:
+        return no_data("no sample in the window")
+    preemptions = window.increase(m.PREEMPTIONS)
+    preemption_rate = window.rate(m.PREEMPTIONS)
+    generated = window.increase(m.GENERATION_TOKENS)
+    prompt = window.increase(m.PROMPT_TOKENS)
+    running_max = window.gauge_max(m.RUNNING)
+    waiting_max = window.gauge_max(m.WAITING)
+    traffic = any(v for v in (generated, prompt, running_max, waiting_max))
+    hit_rate, hit_source = prefix_hit_rate(window)
+    prompt_len = distribution(window, m.REQUEST_PROMPT_TOKENS)
+    generation_len = distribution(window, m.REQUEST_GENERATION_TOKENS)
+    footprints: tuple[float | None, float | None, float | None] = (None, None, None)
+    if prompt_len is not None and generation_len is not None:
+        footprints = (
+            prompt_len.p50 + generation_len.p50,
+            prompt_len.p95 + generation_len.p95,
+            prompt_len.p99 + generation_len.p99,
+        )
+    footprint_mean = None
+    if prompt_len is not None and generation_len is not None and prompt_len.mean and generation_len.mean:
+        footprint_mean = prompt_len.mean + generation_len.mean
+    pool = engine.pool_tokens
+    ceiling = mean_sized = None
+    if pool and footprints[1]:
+        ceiling = max(1, math.floor(pool / footprints[1]))
+    if pool and footprint_mean:
+        mean_sized = max(1, math.floor(pool / footprint_mean))
+    pooled = pooled_p95_concurrency(pool, footprint_mean, footprints[1]) if pool else None
+    boot_line = pool / engine.max_model_len if pool and engine.max_model_len else None
+    capacity = window.gauge_mean(f"{m.WAITING_BY_REASON}:capacity")
+    diagnosis = Diagnosis(
+        status="active" if traffic else "idle",
+        window_seconds=window.duration,
+        samples=len(window.samples),
+        restarts=window.restarts(),
+        preemptions=preemptions,
+        preemption_rate=preemption_rate,
+        kv_usage_mean=window.gauge_mean(m.KV_USAGE),
+        kv_usage_max=window.gauge_max(m.KV_USAGE),
+        prefix_hit_rate=hit_rate,
+        prefix_hit_rate_source=hit_source,
+        running_mean=window.gauge_mean(m.RUNNING),
+        running_max=running_max,
+        waiting_mean=window.gauge_mean(m.WAITING),
+        waiting_max=waiting_max,
+        waiting_for_capacity=capacity,
+        goodput=window.rate(m.GENERATION_TOKENS),
+        prompt_len=prompt_len,
+        generation_len=generation_len,
+        declared_max_tokens=distribution(window, m.REQUEST_MAX_TOKENS),
+        footprint_p50=footprints[0],
+        footprint_p95=footprints[1],
+        footprint_p99=footprints[2],
+        footprint_mean=footprint_mean,
+        real_concurrency_ceiling=ceiling,
+        mean_footprint_concurrency=mean_sized,
+        pooled_p95_concurrency=pooled,
+        boot_line_concurrency=boot_line,
+        prompt_tokens=prompt,
+        prefix_defeats=moved(window, m.PREFIX_DEFEATS),
+        prefix_defeat_tokens=moved(window, m.PREFIX_DEFEAT_TOKENS),
+        capped_requests=moved(window, m.CAPPED_REQUESTS),
+        corrupt=tuple(sorted({pair for sample in window.samples for pair in sample.corrupt})),
+    )
+    return _with_findings(diagnosis, window, engine)
+
+
+def _with_findings(d: Diagnosis, window: Window, engine: EngineView) -> Diagnosis:
+    findings: list[Finding] = []
+    span = f"over {d.window_seconds:.0f} s ({d.samples} samples)"
+    if d.samples < 2:
+        findings.append(
+            Finding("ShortWindow", "info", "one sample: rates need two", "take two or more samples")
+        )
+    if d.restarts:
+        findings.append(
+            Finding(
+                "EngineRestarted",
+                "info",
+                f"counters reset {d.restarts}x in the window (engine restart); rates count from zero",
+                span,
+            )
+        )
+    alternations = anomalies(window.samples)
+    if alternations:
+        findings.append(
+            Finding(
+                "AlternatingSource",
+                "critical",
+                f"{ALTERNATING_HINT}: its rates are flips between processes, not work, and nothing is sized "
+                "from them",
+                "; ".join(dict.fromkeys(alternations)),
+            )
+        )
+    corrupt = d.corrupt
+    if corrupt:
+        series = sorted({name for name, _ in corrupt})
+        findings.append(
+            Finding(
+                "CorruptMetrics",
+                "warning",
+                f"corrupt metrics, dropped and never used as figures: {', '.join(series)}",
+                "; ".join(f"{name}: {problem}" for name, problem in corrupt),
+            )
+        )
+    if d.status == "idle":
+        findings.append(Finding("Idle", "info", "no traffic in the window", span))
+    if d.preempting:
+        findings.append(
+            Finding(
+                "Preempting",
+                "critical",
+                f"{d.preemption_rate:.2f} preemptions/s: prompts are paid for twice",
+                f"num_preemptions +{d.preemptions:.0f} {span}; KV usage max {_pct(d.kv_usage_max)}",
+            )
+        )
+    elif d.preemption_rate is None and (window.gauge_max(m.RETRACTED_NOW) or 0) > 0:
+        findings.append(
+            Finding(
+                "Preempting", "critical", "the engine is retracting requests", "sglang:num_retracted_reqs > 0"
+            )
+        )
+    if d.saturated:
+        findings.append(
+            Finding(
+                "KVSaturated",
+                "warning",
+                f"KV cache {_pct(d.kv_usage_max)} full while requests wait",
+                f"KV usage mean {_pct(d.kv_usage_mean)}, max {_pct(d.kv_usage_max)}; "
+                f"waiting mean {d.waiting_mean or 0:.1f} {span}",
+            )
+        )
+    if (d.waiting_mean or 0) > 0:
+        reason = "" if d.waiting_for_capacity is None else f" ({d.waiting_for_capacity:.1f} for capacity)"
+        findings.append(
+            Finding(
+                "Waiting",
+                "info",
+                f"{d.waiting_mean:.1f} requests waiting on average{reason}",
+                f"num_requests_waiting max {d.waiting_max or 0:.0f} {span}",
+            )
+        )
+    if d.real_concurrency_ceiling is not None and d.footprint_p95 is not None:
+        boot = "n/a" if d.boot_line_concurrency is None else f"{d.boot_line_concurrency:.2f}x"
+        findings.append(
+            Finding(
+                "ConcurrencyCeiling",
+                "info",
+                f"real concurrency ceiling {d.real_concurrency_ceiling} (boot line says {boot}, "
+                f"which assumes max_model_len {engine.max_model_len} per request)",
+                f"KV pool {engine.pool_tokens:,} tokens / p95 footprint {d.footprint_p95:,.0f} tokens "
+                f"(prompt p95 + generation p95, an upper bound)",
+            )
+        )
+    return Diagnosis(**{**d.__dict__, "findings": tuple(findings)})

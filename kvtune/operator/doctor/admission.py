@@ -1,0 +1,46 @@
+"""Which vLLM flag the doctor tells a person to set for max_num_seqs: `--max-num-active-seqs` where the
+engine's vLLM has it (0.32 and later), else `--max-num-seqs` (the operator's own choice, `admission_flag`).
+The doctor reads vLLM's `GET /version` beside the `/metrics` it scrapes; an engine whose metrics show it is
+kvtune (its live max_num_seqs gauge) or SGLang, or that answers no vLLM version, gets no flag advice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from kvtune.contract import metrics as m
+from kvtune.operator.decide.admission_flag import choose_flag, parse_version
+from kvtune.operator.decide.sample import Sample
+
+VERSION_TIMEOUT_S = 3.0
+NOT_VLLM_GAUGES = (m.MAX_NUM_SEQS, m.RETRACTED_NOW, m.CACHE_HIT_RATE_GAUGE)  # kvtune's, SGLang's own
+
+
+def engine_base(metrics_url: str) -> str:
+    """The server's base URL from its /metrics URL (or its base URL)."""
+    return metrics_url.rstrip("/").removesuffix("/metrics")
+
+
+def read_vllm_version(base_url: str) -> str | None:
+    """vLLM's own version from `GET /version` (`{"version": "0.32.1"}`); None when it does not answer one."""
+    try:
+        answer = httpx.get(base_url + "/version", timeout=VERSION_TIMEOUT_S)
+        version = answer.json().get("version") if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return str(version) if isinstance(version, str) and parse_version(version) is not None else None
+
+
+def admission_advice(metrics_url: str | None, latest: Sample | None) -> dict[str, Any] | None:
+    """{flag, why, vllm_version} for a vLLM engine read directly; None otherwise (through Prometheus there
+    is no server to ask its version)."""
+    if metrics_url is None or latest is None:
+        return None
+    if any(name in latest.gauges for name in NOT_VLLM_GAUGES):
+        return None
+    version = read_vllm_version(engine_base(metrics_url))
+    if version is None:
+        return None
+    choice = choose_flag("Auto", [], version, None)
+    return {"flag": choice.flag, "why": choice.why, "vllm_version": version}

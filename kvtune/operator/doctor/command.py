@@ -1,0 +1,380 @@
+"""`kvtune doctor --metrics-url URL | --prometheus URL --selector S [--since D] [--json]`: one-shot
+diagnosis and the remedies in ladder order, with concrete numbers a person can act on. Reading a server
+directly, it also reads the server's prefix report (kvtune serve, kvtune proxy) to say where each
+prefix-cache defeat lies; reading Prometheus, the defeat series alone name the reasons.
+
+People run the doctor after the incident, so it looks back: through Prometheus, `--since` diagnoses a
+past span from range queries; on an engine that is quiet now but preempted since it started, it
+diagnoses from the counters and histograms since boot, and says so."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvtune.contract import metrics as m
+from kvtune.contract.prefix_report import report_url
+from kvtune.core.predict import NO_PREEMPTION, OBJECTIVES, Objective
+from kvtune.errors import KvtuneError
+from kvtune.operator.decide.diagnosis import Diagnosis, Finding, diagnose, no_data
+from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
+from kvtune.operator.decide.ladder import Advice, plan
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.ports import MetricSource
+from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.decide.window import Window, since_boot
+from kvtune.operator.doctor.admission import admission_advice
+from kvtune.operator.doctor.whatif import what_if_section, what_if_text
+from kvtune.operator.io.prefix_report import defeat_entries, entry_line, fetch_report
+from kvtune.operator.io.sources import (
+    EngineWithProxy,
+    MetricsEndpoint,
+    PrometheusSource,
+    url_problem,
+)
+
+WINDOW, RANGE, SINCE_BOOT = "window", "range", "since_boot"  # what the diagnosis covers
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+KNOB_LABELS = {
+    "cap_max_tokens": "max_tokens cap",
+    "lower_max_num_seqs": "max_num_seqs",
+    "flag_prefix_defeat": "prefix hit rate",
+    "recommend_fp8_kv": "kv_cache_dtype",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--metrics-url", help="an engine's /metrics (or its base URL)")
+    source.add_argument("--prometheus", metavar="URL", help="a Prometheus server's base URL")
+    parser.add_argument("--selector", help='label selector for --prometheus, e.g. job="vllm"')
+    parser.add_argument(
+        "--proxy",
+        metavar="URL",
+        help="the kvtune proxy in front of the engine (its /metrics merged with --metrics-url's, its prefix report)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--since",
+        metavar="DURATION",
+        help="with --prometheus: diagnose the last DURATION (e.g. 1h, 30m, 1h30m) from range queries",
+    )
+    parser.add_argument("--window-seconds", type=float, default=10.0, help="span the samples cover")
+    parser.add_argument("--samples", type=int, default=6,
+                        help="samples taken across the window (>= 2; the what-if fit needs 3 over 5 s)")  # fmt: skip
+    parser.add_argument(
+        "--max-num-seqs", type=int, help="the engine's max_num_seqs, when its metrics lack it"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, help="the engine's max_model_len, when its metrics lack it"
+    )
+    parser.add_argument("--cap-floor", type=int, default=TuningPolicy.cap_floor)
+    parser.add_argument("--min-max-num-seqs", type=int, default=TuningPolicy.min_max_num_seqs)
+    parser.add_argument("--shared-prefix-tokens", type=int, default=0, help="the workload's shared prefix")
+    parser.add_argument("--objective", choices=OBJECTIVES, default=NO_PREEMPTION,
+                        help="the what-if table's recommendation: NoPreemption, or Goodput under --p95-wait-bound")  # fmt: skip
+    parser.add_argument("--p95-wait-bound", type=float, metavar="SECONDS",
+                        help="Goodput's bound on the predicted p95 queue wait")  # fmt: skip
+    parser.add_argument("--round-to", type=int, default=1,
+                        help="max_num_seqs in multiples of this (8 for vLLM on CUDA: its CUDA graphs)")  # fmt: skip
+    parser.add_argument("--no-what-if", action="store_true", help="skip the what-if table")
+
+
+def parse_duration(text: str) -> float:
+    """`1h`, `30m`, `1h30m`, `45s`, `2d` (Prometheus' spelling) or plain seconds -> seconds, > 0."""
+    spelled = text.strip()
+    try:
+        seconds = float(spelled)
+    except ValueError:
+        if not re.fullmatch(r"(?:\d+(?:\.\d+)?[smhdw])+", spelled):
+            raise KvtuneError(f"--since: {text!r} is not a duration (e.g. 1h, 30m, 1h30m, 90s)") from None
+        seconds = sum(
+            float(n) * DURATION_UNITS[unit] for n, unit in re.findall(r"(\d+(?:\.\d+)?)([smhdw])", spelled)
+        )
+    if not seconds > 0 or seconds == float("inf"):
+        raise KvtuneError(f"--since: {text!r} must be a positive duration")
+    return seconds
+
+
+def span_text(seconds: float) -> str:
+    """A span as a person says it: `32 minutes`, or `4.5 minutes` when short."""
+    minutes = seconds / 60
+    return f"{minutes:.0f} minutes" if minutes >= 10 else f"{minutes:.1f} minutes"
+
+
+@dataclass(frozen=True)
+class Examined:
+    """A diagnosis, the engine it is about, and what span it covers (WINDOW, RANGE or SINCE_BOOT)."""
+
+    diagnosis: Diagnosis
+    engine: EngineView
+    basis: str = WINDOW
+    since_boot_seconds: float | None = None
+
+
+def looking_back(idle: Diagnosis, latest: Sample, engine: EngineView) -> Examined:
+    """An engine quiet in the sampled window whose counters show preemptions since boot: diagnose the span
+    from process start to now instead (`process_start_time_seconds` gives it), so a doctor run after the
+    incident still gives the ladder with numbers. No preemption since boot: idle, nothing to do."""
+    preempted = latest.counters.get(m.PREEMPTIONS) or 0.0
+    if preempted <= 0:
+        return Examined(idle, engine)
+    started = latest.gauges.get(m.PROCESS_START)
+    if started is None or started >= latest.timestamp:
+        unknown = Finding(
+            "QuietSinceBootUnknownSpan",
+            "warning",
+            f"the engine is quiet now, but its counters show {preempted:,.0f} preemptions since boot; "
+            "without process_start_time_seconds their span is unknown, so nothing is sized from them",
+            "run the doctor during the load, or through --prometheus with --since",
+        )
+        return Examined(replace(idle, findings=(*idle.findings, unknown)), engine)
+    span = latest.timestamp - started
+    d = diagnose(since_boot(latest, started), engine)
+    distributions = {
+        name: replace(value, since="since engine start")
+        for name in ("prompt_len", "generation_len", "declared_max_tokens")
+        if (value := getattr(d, name)) is not None
+    }
+    said = Finding(
+        "QuietSinceBoot",
+        "info",
+        f"the engine is quiet now; diagnosing from its counters since boot ({span_text(span)})",
+        f"num_preemptions {preempted:,.0f} since the process started (process_start_time_seconds, "
+        f"{span:,.0f} s ago); nothing moved in the {idle.window_seconds:.1f} s sampled ({idle.samples} samples)",
+    )
+    looked = replace(d, **distributions, findings=(said, *d.findings))
+    return Examined(looked, engine, SINCE_BOOT, span)
+
+
+def examine(
+    samples: list[Sample],
+    failure: NoData | None,
+    known: EngineView,
+    *,
+    quiet_looks_back: bool,
+    basis: str = WINDOW,
+) -> Examined:
+    """Diagnose the samples taken; on a quiet engine read directly (`quiet_looks_back`), look back to
+    boot, unless the samples came from more than one process. The one path `kvtune doctor` and the
+    doctor-vllm benchmark share."""
+    engine = engine_view_from_sample(samples[-1] if samples else None, known)
+    if not samples:
+        return Examined(no_data(failure.reason if failure else "no sample"), engine, basis)
+    d = diagnose(Window.of(samples), engine)
+    alternating = any(
+        f.code == "AlternatingSource" for f in d.findings
+    )  # its counters since boot are not one process's
+    if quiet_looks_back and d.status == "idle" and not alternating:
+        return looking_back(d, samples[-1], engine)
+    return Examined(d, engine, basis)
+
+
+def collect(source: MetricSource, samples: int, window_seconds: float) -> tuple[list[Sample], NoData | None]:
+    """`samples` readings evenly spread over `window_seconds`; the last failure, if any."""
+    taken: list[Sample] = []
+    failure = None
+    gap = window_seconds / max(samples - 1, 1)
+    for i in range(samples):
+        if i:
+            time.sleep(gap)
+        result = source.read()
+        if isinstance(result, NoData):
+            failure = result
+        else:
+            taken.append(result)
+    return taken, failure
+
+
+def prefix_report_section(d: Diagnosis, metrics_url: str) -> dict[str, Any] | None:
+    """The front's prefix report (kvtune serve, kvtune proxy), read after the samples; None where there is
+    none (vLLM, SGLang). Each reason is marked `in_window` when its counter moved in the sampled window: the
+    report counts since the server started, the window is what the diagnosis is about."""
+    url = report_url(metrics_url)
+    found = fetch_report(url)
+    if found is None:
+        return None
+    moved = {reason for reason, _ in d.prefix_defeats}
+    entries = [{**entry, "in_window": entry["reason"] in moved} for entry in defeat_entries(found)]
+    return {"url": url, "block_size": found.get("block_size"), "observed": found.get("observed"),
+            "defeats": entries}  # fmt: skip
+
+
+def report(
+    d: Diagnosis,
+    engine: EngineView,
+    remedies: list[Advice],
+    source: str,
+    prefix_report: dict[str, Any] | None = None,
+    basis: str = WINDOW,
+    since_boot_seconds: float | None = None,
+    admission_flag: dict[str, Any] | None = None,
+    what_if: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    gen = d.generation_len
+    return {
+        "source": source,
+        "status": d.status,
+        "basis": basis,
+        "since_boot_seconds": since_boot_seconds,
+        # vLLM read directly: the flag that sets max_num_seqs' admission limit ({flag, why, vllm_version})
+        "admission_flag": admission_flag,
+        "findings": {
+            "preemption_rate": d.preemption_rate,
+            "preemptions": d.preemptions,
+            "kv_usage": d.kv_usage_mean,
+            "kv_usage_max": d.kv_usage_max,
+            "prefix_hit_rate": d.prefix_hit_rate,
+            "prefix_hit_rate_source": d.prefix_hit_rate_source,
+            "requests_running": d.running_mean,
+            "requests_waiting": d.waiting_mean,
+            "goodput_tokens_per_s": d.goodput,
+            "generation_p99": gen.p99 if gen else None,
+            "footprint_p95": d.footprint_p95,
+            "footprint_mean": d.footprint_mean,
+            "mean_footprint_concurrency": d.mean_footprint_concurrency,
+            "pooled_p95_concurrency": d.pooled_p95_concurrency,
+            "real_concurrency_ceiling": d.real_concurrency_ceiling,
+            "boot_line_concurrency": d.boot_line_concurrency,
+            "kv_pool_tokens": engine.pool_tokens,
+            "max_num_seqs": engine.max_num_seqs,
+            "window_seconds": d.window_seconds,
+            "samples": d.samples,
+            "notes": [
+                {"code": f.code, "severity": f.severity, "message": f.message, "evidence": f.evidence}
+                for f in d.findings
+            ],
+        },
+        "remedies": [advice.as_json() for advice in remedies],
+        "prefix_report": prefix_report,
+        "what_if": what_if,
+    }
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def flag_text(admission_flag: dict[str, Any] | None, remedy: dict[str, Any]) -> str:
+    """On vLLM, the flag a person sets for max_num_seqs advice, and why that one."""
+    if admission_flag is None or KNOB_LABELS[remedy["remedy"]] != "max_num_seqs" or not remedy["applicable"]:
+        return ""
+    return f" (set {admission_flag['flag']} {_number(remedy['recommended'])}: {admission_flag['why']})"
+
+
+def format_text(data: dict[str, Any]) -> str:
+    findings = data["findings"]
+    span = f"{findings['samples']} samples over {findings['window_seconds']:.0f} s"
+    if data.get("basis") == RANGE:
+        span += ", from range queries"
+    elif data.get("basis") == SINCE_BOOT:
+        span = f"quiet now; its counters since boot, {span_text(data['since_boot_seconds'])}"
+    lines = [f"kvtune doctor: {data['source']} ({span})"]
+    lines.append("Findings")
+    for note in findings["notes"] or [{"severity": "info", "message": "nothing to report", "evidence": ""}]:
+        lines.append(f"  [{note['severity']}] {note['message']}")
+        if note["evidence"]:
+            lines.append(f"      {note['evidence']}")
+    ceiling = findings["real_concurrency_ceiling"]
+    if ceiling is not None:
+        boot = findings["boot_line_concurrency"]
+        boot_text = "n/a" if boot is None else f"{boot:.2f}x"
+        lines.append(f"Real concurrency ceiling: {ceiling} (boot line: {boot_text})")
+    prefix = data.get("prefix_report") or {}
+    entries = prefix.get("defeats", [])
+    # The doctor is often run after the incident, when traffic has stopped: what the report holds from
+    # before the window is still said, apart from what moved in it.
+    for in_window, heading in ((True, "in the window"), (False, "before the window, none in it")):
+        chosen = [entry for entry in entries if entry["in_window"] is in_window]
+        if chosen:
+            lines.append(f"Prefix-cache defeats {heading} ({prefix['url']}; counts since the server started)")
+            lines.extend(f"  {entry_line(entry)}" for entry in chosen)
+    lines.append("Remedies, in ladder order")
+    for i, remedy in enumerate(data["remedies"], 1):
+        label = KNOB_LABELS[remedy["remedy"]]
+        if remedy["applicable"]:
+            current = "unset" if remedy["current"] is None else _number(remedy["current"])
+            what = f"{label}: {current} → {_number(remedy['recommended'])}"
+            what += flag_text(data.get("admission_flag"), remedy)
+        else:
+            what = "not applicable"
+        lines.append(f"  {i}. {remedy['remedy']}: {what}")
+        lines.append(f"      {remedy['evidence']}")
+    lines.extend(what_if_text(data.get("what_if")))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.samples < 1 or args.window_seconds < 0:
+        raise KvtuneError("--samples must be >= 1 and --window-seconds >= 0")
+    source: MetricSource
+    for flag, url in (
+        ("--metrics-url", args.metrics_url),
+        ("--prometheus", args.prometheus),
+        ("--proxy", args.proxy),
+    ):
+        problem = url_problem(url) if url is not None else None
+        if problem is not None:
+            raise KvtuneError(f"{flag}: {problem}")
+    since = parse_duration(args.since) if args.since is not None else None
+    if since is not None and not args.prometheus:
+        raise KvtuneError(
+            "--since needs --prometheus (an engine's /metrics holds no history; on an engine that is quiet "
+            "now, the doctor reads its counters since boot by itself)"
+        )
+    if args.proxy and not args.metrics_url:
+        raise KvtuneError("--proxy needs --metrics-url (the engine's); through Prometheus, select both jobs")
+    if args.metrics_url and args.proxy:
+        source = EngineWithProxy(MetricsEndpoint(args.metrics_url), MetricsEndpoint(args.proxy))
+        where = f"{args.metrics_url} + {args.proxy}"
+    elif args.metrics_url:
+        source, where = MetricsEndpoint(args.metrics_url), args.metrics_url
+    else:
+        if not args.selector:
+            raise KvtuneError("--prometheus needs --selector")
+        source, where = PrometheusSource(args.prometheus, args.selector), f"{args.prometheus} {args.selector}"
+    try:
+        policy = TuningPolicy(
+            cap_floor=args.cap_floor,
+            min_max_num_seqs=args.min_max_num_seqs,
+            shared_prefix_tokens=args.shared_prefix_tokens,
+        )
+        objective = Objective(args.objective, args.p95_wait_bound, round_to=args.round_to)
+    except ValueError as err:
+        raise KvtuneError(str(err)) from None
+    samples: list[Sample]
+    failure: NoData | None = None
+    if since is not None and isinstance(source, PrometheusSource):
+        found = source.read_range(since)
+        samples, failure = ([], found) if isinstance(found, NoData) else (found, None)
+        where += f" (last {args.since})"
+    else:
+        samples, failure = collect(source, args.samples, args.window_seconds)
+    if isinstance(source, EngineWithProxy) and source.proxy_problem:
+        print(
+            f"kvtune doctor: the proxy's /metrics could not be read: {source.proxy_problem}", file=sys.stderr
+        )
+    known = EngineView(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    found_out = examine(
+        samples, failure, known, quiet_looks_back=bool(args.metrics_url), basis=RANGE if since else WINDOW
+    )
+    d, engine = found_out.diagnosis, found_out.engine
+    # The prefix report lives on the front that tokenizes: the proxy when there is one, else the engine.
+    front = args.proxy or args.metrics_url
+    prefix = prefix_report_section(d, front) if front and samples else None
+    remedies = plan(d, engine, policy)
+    admission = admission_advice(args.metrics_url, samples[-1] if samples else None)
+    what_if = None
+    if not args.no_what_if and samples and found_out.basis != SINCE_BOOT:
+        what_if = what_if_section(samples, engine, objective)
+    data = report(
+        d, engine, remedies, where, prefix, found_out.basis, found_out.since_boot_seconds, admission, what_if
+    )
+    print(json.dumps(data, indent=2) if args.json else format_text(data))
+    return 1 if d.status == "no_data" else 0

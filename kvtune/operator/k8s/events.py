@@ -1,0 +1,65 @@
+"""Kubernetes Events about a KVTuningPolicy (core/v1), posted by the operator for every action,
+rollback, recommendation and flag, so `kubectl describe kvtp` tells what changed and why."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from kvtune.operator.k8s.crd import GROUP, KIND, VERSION
+from kvtune.operator.k8s.kube_api import KubeApi, KubeError
+
+COMPONENT = "kvtune-operator"
+MESSAGE_LIMIT = 1024  # the API server truncates longer messages anyway
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    namespace: str
+    name: str
+    uid: str | None = None
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal or Warning
+    reason: str  # CamelCase, e.g. TuningApplied
+    message: str
+    action: str = "Evaluate"
+
+
+def post_event(api: KubeApi, policy: PolicyRef, event: EventSpec, now: float) -> str | None:
+    """POST one Event; returns the error (logged by the caller) rather than raising."""
+    stamp = datetime.fromtimestamp(now, UTC)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            # named like client-go's recorder (object name + unique suffix): not every server does generateName
+            "name": f"{policy.name}.{int(now * 1e9):x}{secrets.token_hex(2)}",
+            "namespace": policy.namespace,
+        },
+        "involvedObject": {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": policy.name,
+            "namespace": policy.namespace,
+            **({"uid": policy.uid} if policy.uid else {}),
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:MESSAGE_LIMIT],
+        "action": event.action,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+        "firstTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "count": 1,
+    }
+    try:
+        api.create_event(policy.namespace, body)
+    except KubeError as err:
+        return str(err)
+    return None

@@ -1,0 +1,105 @@
+"""The kopf handlers: thin. One daemon per KVTuningPolicy acts as its timer (the interval comes from the
+policy's spec and may change while it runs, which a kopf timer's fixed interval cannot follow); each tick
+runs `reconcile.run_once` in a worker thread. One Kubernetes client serves the whole process: made at
+startup, kept in kopf's memo, closed at cleanup. The memo also holds the operator's own metrics
+(`memo.operator_metrics`, served by `kvtune operator --metrics-port`): every tick records into them, a
+failed one counts as an error, and a policy's series go when its daemon stops. The memo also holds the
+highest mode a policy may run in (`memo.max_mode`, `--max-mode`); the kvtune.dev/undo annotation is read
+live from the body at each tick. Progress and diff-base go to annotations, so kopf writes nothing into the
+status the CRD schema owns."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import kopf
+import pydantic
+
+from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
+from kvtune.operator.decide.policy import Mode
+from kvtune.operator.io.own_metrics import (
+    ERROR_EVALUATION,
+    ERROR_INVALID_SPEC,
+    ERROR_KUBERNETES,
+    OperatorMetrics,
+)
+from kvtune.operator.k8s.crd import GROUP, PLURAL, VERSION, KVTuningPolicySpec
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.kube_api import KubeApi, KubeError
+from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+
+INVALID_SPEC_RETRY_S = 60.0
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING  # kopf's own handler Events: only problems
+    # No cluster scanning: the namespaces are named exactly (`--namespace`) and the chart installs the CRDs
+    # before the operator starts, so kopf needs neither to list namespaces nor to watch CRDs, and the chart's
+    # RBAC grants neither (tests/operator/test_rbac_proof.py proves it grants exactly the calls made).
+    settings.scanning.disabled = True
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    memo.kube_api = KubeApi.from_environment()  # every policy's daemon gets a copy of this memo
+    if getattr(memo, "operator_metrics", None) is None:  # run without `kvtune operator`: recorded, not served
+        memo.operator_metrics = OperatorMetrics()
+
+
+@kopf.on.cleanup()
+def close_client(memo: kopf.Memo, **_: Any) -> None:
+    memo.kube_api.close()
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The same credentials `KubeApi.from_environment` uses: the pod's service account, else kubeconfig."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory, generation: int | None,
+         metrics: OperatorMetrics, logger: logging.Logger | logging.LoggerAdapter[Any],
+         max_mode: Mode = Mode.APPLY, undo_request: str | None = None) -> None:  # fmt: skip
+    """One evaluation, in a worker thread; nothing it meets may stop the daemon (it is counted instead)."""
+    try:
+        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics, max_mode, undo_request)
+        logger.info("%s", outcome.status.note)
+    except KubeError as err:
+        logger.error("Kubernetes API: %s", err)
+        metrics.record_error(ref.namespace, ref.name, ERROR_KUBERNETES)
+    except Exception:
+        logger.exception("evaluation failed")
+        metrics.record_error(ref.namespace, ref.name, ERROR_EVALUATION)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def tune(
+    body: kopf.Body,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    ref = PolicyRef(namespace or "default", name, body.metadata.uid)  # the CRD is namespaced
+    memory = PolicyMemory.resume(dict(status))
+    while not stopped:
+        try:
+            spec = KVTuningPolicySpec.model_validate(dict(body.spec))  # live: follows spec edits
+        except pydantic.ValidationError as err:
+            logger.error("invalid spec: %s", err)
+            memo.operator_metrics.record_error(ref.namespace, ref.name, ERROR_INVALID_SPEC)
+            await stopped.wait(INVALID_SPEC_RETRY_S)
+            continue
+        generation = body.metadata.get("generation")
+        undo_request = body.metadata.annotations.get(UNDO_ANNOTATION) or None  # live, like the spec
+        max_mode = getattr(memo, "max_mode", Mode.APPLY)  # `kvtune operator --max-mode`
+        await asyncio.to_thread(tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics,
+                                logger, max_mode, undo_request)  # fmt: skip
+        await stopped.wait(float(spec.interval_seconds))
+    memo.operator_metrics.forget(ref.namespace, ref.name)  # deleted, or the operator stops: no stale series

@@ -1,0 +1,255 @@
+"""The operator's Kubernetes facade over the official `kubernetes` client: the few calls the operator makes,
+each returning the API's own JSON (camelCase, as `kubectl get -o json` shows it) and raising `KubeError`
+for every failure, so no caller meets the library's model classes or exceptions.
+
+What the library gives: config loading (in-cluster service account, else kubeconfig), connection pooling,
+and retries through urllib3 (`Configuration.retries`: connection errors, and 429/5xx on the idempotent GET
+and merge PATCH; never a 4xx, never a POST, which could post an Event twice). What this adds: one ApiClient
+per process, a timeout on every call, and one fresh login when the API server answers 401 Unauthorized (a
+service-account token rotated on disk while the pod runs).
+
+Synchronous on purpose: the Actuator protocol is synchronous, and the kopf handlers run a whole evaluation
+in a worker thread so the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.util.retry import Retry
+
+from kvtune.operator.k8s.crd import GROUP, PLURAL, VERSION
+
+# metadata only (no data travels), or the whole object from an API server that cannot answer that
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+MERGE_PATCH = "application/merge-patch+json"
+USER_AGENT = "kvtune-operator"
+# the name its writes carry in managedFields, so `kubectl get -o yaml --show-managed-fields` (and another
+# tool's conflict message) says kvtune changed the field
+FIELD_MANAGER = "kvtune"
+WorkloadKind = Literal["Deployment", "StatefulSet"]
+WORKLOAD_KINDS: tuple[WorkloadKind, ...] = ("Deployment", "StatefulSet")
+Json = dict[str, Any]
+Load = Callable[[], client.Configuration]
+
+
+@dataclass  # not frozen: raising sets __traceback__ on it
+class KubeError(Exception):
+    status: int  # 0: the API server could not be reached
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status} {self.reason}: {self.message}" if self.status else self.message
+
+
+def retries() -> Retry:
+    """A few attempts with backoff on connection errors and on 429/5xx answers to GET and merge PATCH
+    (repeating a merge patch leaves the same object); a 4xx other than 429 is the caller's to handle."""
+    return Retry(
+        total=3,
+        backoff_factor=0.2,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=frozenset({"GET", "PATCH"}),
+        raise_on_status=False,
+        respect_retry_after_header=True,
+    )
+
+
+def environment_configuration() -> client.Configuration:
+    """The pod's service account, else the kubeconfig ($KUBECONFIG or ~/.kube/config), as kubectl finds it."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        try:
+            # $KUBECONFIG as it is now (the library reads it once, at import)
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+            )
+        except (config.ConfigException, OSError) as err:
+            raise KubeError(
+                0, "NoCredentials", f"no service account token and no usable kubeconfig: {err}"
+            ) from None
+    return configuration
+
+
+def _error(what: str, err: ApiException) -> KubeError:
+    """The API server's Status (reason, message) when it sent one, else the HTTP reason and body."""
+    reason, message = str(err.reason or ""), str(err.body or "")[:200]
+    try:
+        status = json.loads(err.body) if err.body else {}
+        if isinstance(status, dict):
+            reason = str(status.get("reason") or reason)
+            message = str(status.get("message") or message)
+    except ValueError:
+        pass
+    return KubeError(int(err.status or 0), reason, f"{what}: {message}")
+
+
+class KubeApi:
+    """One per process, shared by every evaluation: it logs in once, and again only when the API server
+    answers 401 Unauthorized."""
+
+    def __init__(self, load: Load, timeout: float = 10.0) -> None:
+        self._load = load
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._client = self._new_client()
+
+    @staticmethod
+    def from_environment() -> KubeApi:
+        return KubeApi(environment_configuration)
+
+    def _new_client(self) -> client.ApiClient:
+        configuration = self._load()
+        configuration.retries = retries()
+        api_client = client.ApiClient(configuration)
+        api_client.user_agent = USER_AGENT
+        return api_client
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    def __enter__(self) -> KubeApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _relogin(self, stale: client.ApiClient) -> None:
+        """Log in again, once for every thread that met the stale credentials."""
+        with self._lock:
+            if self._client is stale:
+                self._client = self._new_client()
+                stale.close()  # type: ignore[no-untyped-call]
+
+    def _call(self, what: str, call: Callable[[client.ApiClient, float], Any]) -> Any:
+        """Run one library call (made with `_preload_content=False`) and decode its JSON body."""
+        api_client = self._client
+        try:
+            try:
+                response = call(api_client, self._timeout)
+            except ApiException as err:
+                if err.status != 401:
+                    raise
+                self._relogin(api_client)
+                response = call(self._client, self._timeout)
+            body = response.data
+        except ApiException as err:
+            raise _error(what, err) from None
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise KubeError(0, "Unreachable", f"{what}: {type(err).__name__}: {err}") from None
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise KubeError(200, "BadBody", f"{what}: not JSON") from None
+
+    def _object(self, what: str, call: Callable[[client.ApiClient, float], Any]) -> Json:
+        data = self._call(what, call)
+        return data if isinstance(data, dict) else {}
+
+    def read_workload(self, kind: WorkloadKind, namespace: str, name: str) -> Json:
+        """A Deployment or StatefulSet (apps/v1)."""
+        read = {
+            "Deployment": client.AppsV1Api.read_namespaced_deployment,
+            "StatefulSet": client.AppsV1Api.read_namespaced_stateful_set,
+        }[kind]
+        return self._object(
+            f"GET {kind} {namespace}/{name}",
+            lambda c, t: read(
+                client.AppsV1Api(c), name, namespace, _preload_content=False, _request_timeout=t
+            ),
+        )
+
+    def patch_workload(self, kind: WorkloadKind, namespace: str, name: str, patch: Json) -> Json:
+        """A JSON merge patch of a Deployment or StatefulSet, as field manager `kvtune`; a stale
+        metadata.resourceVersion in it gets 409 Conflict."""
+        send = {
+            "Deployment": client.AppsV1Api.patch_namespaced_deployment,
+            "StatefulSet": client.AppsV1Api.patch_namespaced_stateful_set,
+        }[kind]
+        return self._object(
+            f"PATCH {kind} {namespace}/{name}",
+            lambda c, t: send(
+                client.AppsV1Api(c),
+                name,
+                namespace,
+                patch,
+                field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=t,
+            ),
+        )
+
+    def read_secret(self, namespace: str, name: str) -> Json:
+        return self._object(
+            f"GET Secret {namespace}/{name}",
+            lambda c, t: client.CoreV1Api(c).read_namespaced_secret(
+                name, namespace, _preload_content=False, _request_timeout=t
+            ),
+        )
+
+    def read_secret_metadata(self, namespace: str, name: str) -> Json:
+        """A Secret's metadata alone: enough to see whether it changed since it was last read."""
+        return self._object(
+            f"GET Secret {namespace}/{name} (metadata)",
+            lambda c, t: client.CoreV1Api(c).read_namespaced_secret(
+                name,
+                namespace,
+                _headers={"Accept": METADATA_ONLY},
+                _preload_content=False,
+                _request_timeout=t,
+            ),
+        )
+
+    def list_endpoint_slices(self, namespace: str, service: str) -> list[Json]:
+        """The EndpointSlices (discovery.k8s.io/v1) of one Service."""
+        data = self._object(
+            f"LIST EndpointSlices {namespace} service={service}",
+            lambda c, t: client.DiscoveryV1Api(c).list_namespaced_endpoint_slice(
+                namespace,
+                label_selector=f"kubernetes.io/service-name={service}",
+                _preload_content=False,
+                _request_timeout=t,
+            ),
+        )
+        return [item for item in data.get("items") or [] if isinstance(item, dict)]
+
+    def create_event(self, namespace: str, body: Json) -> Json:
+        """POST one core/v1 Event."""
+        event = client.CoreV1Event.from_dict(body)
+        if event is None:
+            raise KubeError(0, "BadEvent", f"not an Event: {body!r:.200}")
+        return self._object(
+            f"POST Event {namespace}",
+            lambda c, t: client.CoreV1Api(c).create_namespaced_event(
+                namespace, event, _preload_content=False, _request_timeout=t
+            ),
+        )
+
+    def patch_policy_status(self, namespace: str, name: str, body: Json) -> Json:
+        """A JSON merge patch of a KVTuningPolicy's status subresource."""
+        return self._object(
+            f"PATCH KVTuningPolicy {namespace}/{name}/status",
+            lambda c, t: client.CustomObjectsApi(c).patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=t,
+            ),
+        )

@@ -1,0 +1,70 @@
+"""scripts/local_cluster.py itself: the build recipe's pure parts (the staging replaces and godebug read from
+k8s.io/kubernetes' go.mod, which binaries a cache lacks), and what `up`, `down` and `token` refuse. That
+`up` starts a working control plane and `down` leaves no process and no open port is what every other
+e2e test stands on (the `cluster` fixture checks the latter)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import Cluster, local_cluster
+
+GO_MOD = """module k8s.io/kubernetes
+
+go 1.26.0
+
+godebug default=go1.26
+
+require (
+\tgithub.com/blang/semver/v4 v4.0.0
+\tk8s.io/api v0.0.0
+\tk8s.io/apimachinery v0.0.0
+\tk8s.io/klog/v2 v2.130.1
+)
+
+require k8s.io/cri-streaming v0.0.0 // indirect
+
+replace (
+\tk8s.io/api => ./staging/src/k8s.io/api
+)
+"""
+
+
+def test_every_staging_module_is_replaced_by_its_published_tag() -> None:
+    lc = local_cluster()
+    assert lc.staging_replaces(GO_MOD, "v0.36.3") == [
+        "-replace=k8s.io/api=k8s.io/api@v0.36.3",
+        "-replace=k8s.io/apimachinery=k8s.io/apimachinery@v0.36.3",
+        "-replace=k8s.io/cri-streaming=k8s.io/cri-streaming@v0.36.3",
+    ]
+    assert lc.godebug_lines(GO_MOD) == ["default=go1.26"]
+    with pytest.raises(lc.ClusterError, match="no staging modules"):
+        lc.staging_replaces("module x\n\nrequire k8s.io/klog/v2 v2.130.1\n", "v0.36.3")
+
+
+def test_a_cache_built_from_other_pins_is_rebuilt_whole(tmp_path: Path) -> None:
+    lc = local_cluster()
+    assert lc.missing_binaries(tmp_path) == [*lc.BINARIES, lc.STAGES_FILE]
+    for name in lc.BINARIES:
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / lc.STAMP).write_text(json.dumps(lc.pins()))
+    assert lc.missing_binaries(tmp_path) == [lc.STAGES_FILE]
+    (tmp_path / lc.STAGES_FILE).write_text("")
+    assert lc.missing_binaries(tmp_path) == []
+    (tmp_path / lc.STAMP).write_text(json.dumps({**lc.pins(), "kubernetes": "1.35.4"}))
+    assert lc.missing_binaries(tmp_path) == [*lc.BINARIES, lc.STAGES_FILE]
+
+
+def test_up_down_and_token_refuse_what_they_cannot_do(cluster: Cluster, tmp_path: Path) -> None:
+    lc = local_cluster()
+    with pytest.raises(lc.ClusterError, match="already running"):
+        lc.up(cluster.folder)
+    with pytest.raises(lc.ClusterError, match="no control plane was started"):
+        lc.down(tmp_path)
+    with pytest.raises(lc.ClusterError, match="no token for ServiceAccount default/nobody: HTTP 404"):
+        lc.service_account_kubeconfig(cluster.folder, "default", "nobody")
+    assert lc.main(["up"]) == 2 and lc.main(["token", str(tmp_path), "no-slash"]) == 2

@@ -1,0 +1,226 @@
+"""The chart's RBAC judged by the real authorizer. The operator runs as a process with a TokenRequest token
+for the chart's ServiceAccount, over every path of the recorded proof (tests/operator/test_rbac_proof.py):
+a kvtune workload through its pods' EndpointSlices (the admin-token Secret read by name, status, Events),
+an old vLLM Deployment patched through `--max-num-seqs`, a vLLM 0.32 StatefulSet patched through
+`--max-num-active-seqs`, and kopf's watching, annotations and peering. Every path acts and nothing is
+forbidden. A chart with one rule removed makes the operator fail clearly: the Event and the log name the
+verb and the resource the API server refused."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtune.operator.k8s.workload_actuator import read_flag
+from tests.e2e.cluster import (
+    CHART,
+    REGISTRY,
+    Cluster,
+    Operator,
+    chart_operator,
+    kwok_node,
+    wait_for,
+    wait_until_peered,
+)
+from tests.e2e.pod_network import PodNetwork
+from tests.e2e.workloads import endpoint_slice, service
+from tests.operator.test_pods_kmock import PodEngine, free_port
+from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, STS_MAX_NUM_SEQS, VllmHandler, vllm_policy
+
+NAMESPACE = "rbac"
+RELEASE = "kvtune-rbac"
+SECRET = "pods-token"
+POD_INDEXES = (5, 6)  # the pods' addresses in the run's pod network (the shared engines have 2 to 4)
+
+
+@pytest.fixture
+def vllm_engines() -> Iterator[Any]:
+    """vLLM-like engines on loopback: the recorded preempting scrape, and `GET /version` (or 404)."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(version: str | None) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), VllmHandler)
+        server.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
+        server.admin_tokens = []  # type: ignore[attr-defined]
+        server.version = version  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def install(
+    cluster: Cluster, release: str, namespace: str, chart: Path = CHART, secrets: tuple[str, ...] = ()
+) -> None:
+    """A release allowed to act (maxMode=Apply, as the README's "Letting it act" says), watching
+    `namespace`, with the README's image repository."""
+    cluster.namespace(namespace)
+    cluster.helm("install", release, str(chart), "--namespace", f"{release}-system", "--create-namespace",
+                 "--set", f"image.repository={REGISTRY}/kvtune-operator", "--set", "maxMode=Apply",
+                 "--set-json", f"watchNamespaces={json.dumps([namespace])}",
+                 "--set-json", f"adminTokenSecrets={json.dumps(list(secrets))}")  # fmt: skip
+
+
+def start_operator(cluster: Cluster, release: str, namespace: str, folder: Path) -> Operator:
+    """The release's pod's operator, as a process with its ServiceAccount's token."""
+    running = chart_operator(cluster, release, f"{release}-system", folder / "operator.log").start()
+    wait_until_peered(cluster, running, namespace, running.peering)
+    return running
+
+
+def workload(kind: str, name: str, namespace: str, image: str, args: list[str]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "replicas": 1, "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}}, "spec": {
+            "nodeSelector": {"kvtune-e2e/pool": "rbac"},
+            "containers": [{"name": "vllm", "image": image, "args": args}]}},
+    }  # fmt: skip
+    if kind == "StatefulSet":
+        spec["serviceName"] = name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def policy(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "kvtune.dev/v1alpha1", "kind": "KVTuningPolicy",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
+
+
+def applied(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    return [e["message"] for e in cluster.events(namespace, name) if e["reason"] == "TuningApplied"]
+
+
+def args_of(cluster: Cluster, kind: str, name: str, namespace: str) -> list[str]:
+    return [
+        str(a)
+        for a in cluster.get(kind, name, namespace)["spec"]["template"]["spec"]["containers"][0]["args"]
+    ]
+
+
+def test_every_path_of_the_rbac_proof_works_against_the_real_authorizer(
+    cluster: Cluster, vllm_engines: Any, pods: PodNetwork, tmp_path: Path
+) -> None:
+    install(cluster, RELEASE, NAMESPACE, secrets=(SECRET,))
+    kwok_node(cluster, "rbac-main", "rbac")
+    # a kvtune engine of two pods behind a Service: its EndpointSlice, the admin-token Secret, each pod's admin
+    # API (each a server in the pods' network namespace)
+    pod_addresses = [pods.address(index) for index in POD_INDEXES]
+    port = pods.run(free_port, pod_addresses)
+    engines = {f"llama-{i}": pods.run(PodEngine, address, port, [46, 95 + 50 * i])
+               for i, address in enumerate(pod_addresses)}  # fmt: skip
+    token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE},
+             "data": {"token": base64.b64encode(b"pods-admin").decode()}}  # fmt: skip
+    kvtune_spec = {"target": {"name": "llama", "engine": "kvtune", "adminTokenSecretRef": {"name": SECRET},
+                              "podEndpoints": {"service": "llama", "metricsPort": port}},
+                   "mode": "Apply", "intervalSeconds": 1, "evaluationWindowSeconds": 600, "cooldownSeconds": 0}  # fmt: skip
+    addresses = {name: address for name, address in zip(engines, pod_addresses, strict=True)}
+    cluster.apply(token, service(NAMESPACE, "llama", port), endpoint_slice(NAMESPACE, "llama", port, addresses),
+                  policy("pods", NAMESPACE, kvtune_spec))  # fmt: skip
+    # vLLM 0.31 by its image tag (its /version answers 404): a Deployment's --max-num-seqs
+    cluster.apply(workload("Deployment", "llama-vllm", NAMESPACE, OLD_VLLM_IMAGE,
+                           ["--model", "/models/llama", "--max-num-seqs=64"]),
+                  policy("vllm", NAMESPACE, vllm_policy("Deployment", "llama-vllm", vllm_engines(None))))  # fmt: skip
+    # vLLM 0.32 by its /version (the image has no tag): a StatefulSet's --max-num-active-seqs
+    cluster.apply(workload("StatefulSet", "llama-sts", NAMESPACE, "vllm/vllm-openai",
+                           ["--model", "/models/llama", "--max-num-seqs", str(STS_MAX_NUM_SEQS)]),
+                  policy("sts", NAMESPACE, vllm_policy("StatefulSet", "llama-sts", vllm_engines("0.32.1"))))  # fmt: skip
+
+    running = start_operator(cluster, RELEASE, NAMESPACE, tmp_path)
+    try:
+        wait_for(
+            "every path to act",
+            lambda: all(applied(cluster, NAMESPACE, name) for name in ("pods", "vllm", "sts")),
+        )
+        wait_for("every pod's admin API patched", lambda: all(pod.patches for pod in engines.values()))
+        assert len({pod.patches[0]["max_num_seqs"] for pod in engines.values()}) == 1
+        lowered = read_flag(args_of(cluster, "deployment", "llama-vllm", NAMESPACE), "--max-num-seqs")
+        assert lowered is not None and lowered < 64
+        assert (
+            read_flag(args_of(cluster, "deployment", "llama-vllm", NAMESPACE), "--max-num-active-seqs")
+            is None
+        )
+        sts = args_of(cluster, "statefulset", "llama-sts", NAMESPACE)
+        active = read_flag(sts, "--max-num-active-seqs")
+        assert (
+            active is not None
+            and active <= STS_MAX_NUM_SEQS
+            and read_flag(sts, "--max-num-seqs") == STS_MAX_NUM_SEQS
+        )
+        for name in ("pods", "vllm", "sts"):
+            status = cluster.policy(NAMESPACE, name)["status"]
+            assert status["history"] and status["conditions"], (name, status)
+        peering = cluster.kubectl("get", "kopfpeering", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
+        assert json.loads(peering).get("status"), peering  # kopf's keep-alive, written as the ServiceAccount
+        log = running.output()
+        assert not re.search(r"forbidden|\b403\b", log, re.IGNORECASE), log[-3000:]
+        warnings = [
+            e
+            for e in cluster.events(NAMESPACE)
+            if e["type"] == "Warning" and "forbidden" in e["message"].lower()
+        ]
+        assert not warnings, warnings
+    finally:
+        running.stop()
+        for pod in engines.values():
+            pod.shutdown()
+            pod.server_close()
+
+
+def chart_with(rule: str, instead: str, folder: Path) -> Path:
+    """A copy of the chart whose operator rules say `instead` where they say `rule` (in rbac.yaml)."""
+    chart = folder / "kvtune"
+    shutil.copytree(CHART, chart)
+    rbac = chart / "templates" / "rbac.yaml"
+    text = rbac.read_text()
+    assert text.count(rule) == 1, rule
+    rbac.write_text(text.replace(rule, instead))
+    return chart
+
+
+def test_a_missing_rule_fails_clearly(cluster: Cluster, vllm_engines: Any, tmp_path: Path) -> None:
+    """Without `patch` on deployments the operator still reads, decides and reports, and says exactly which
+    call the API server refused: the verb and the resource, in an Event on the policy and in its log."""
+    namespace, release = "norule", "kvtune-norule"
+    rule = "  resources: [deployments, statefulsets]\n  verbs: [get, patch]\n"
+    chart = chart_with(rule, rule.replace("[get, patch]", "[get]"), tmp_path)
+    install(cluster, release, namespace, chart)
+    kwok_node(cluster, "norule-main", "norule")
+    deployment = workload(
+        "Deployment", "llama-vllm", namespace, OLD_VLLM_IMAGE, ["--model", "m", "--max-num-seqs=64"]
+    )
+    deployment["spec"]["template"]["spec"]["nodeSelector"] = {"kvtune-e2e/pool": "norule"}
+    cluster.apply(
+        deployment, policy("vllm", namespace, vllm_policy("Deployment", "llama-vllm", vllm_engines(None)))
+    )
+    running = start_operator(cluster, release, namespace, tmp_path)
+    try:
+        refused = 'cannot patch resource "deployments" in API group "apps"'
+        (failed,) = wait_for("an ApplyFailed Event", lambda: [
+            e["message"] for e in cluster.events(namespace, "vllm") if e["reason"] == "ApplyFailed"][:1])  # fmt: skip
+        assert refused in failed and "max_num_seqs 64 ->" in failed and "HTTP 403 Forbidden" in failed, failed
+        wait_for("the refusal in the log", lambda: refused in running.output())
+        assert args_of(cluster, "deployment", "llama-vllm", namespace) == [
+            "--model",
+            "m",
+            "--max-num-seqs=64",
+        ]
+        assert cluster.policy(namespace, "vllm")["status"]["conditions"]  # status is still written
+    finally:
+        running.stop()
