@@ -54,6 +54,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvtune doctor against vLLM's CPU build: diagnose, restart with the recommendation, replay",
     ),
     "tuner": ("kvtune.bench.tuner", "max_num_seqs tuner against a static sweep on a live engine"),
+    "whatif": (
+        "kvtune.bench.whatif",
+        "what-if predictions against static settings measured on a live engine",
+    ),
     "proxy": ("kvtune.bench.proxy", "kvtune proxy in front of an engine against the engine direct"),
     "prefix-defeats": ("kvtune.bench.prefix_defeats", "prefix-defeat detector: precision, recall, cost"),
     "soak": ("kvtune.bench.soak", "engine memory under a long mixed load with hang-ups: does it level off"),

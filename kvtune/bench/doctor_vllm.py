@@ -40,6 +40,7 @@ from kvtune.bench.vllm_cpu import (
     installed_versions,
     start_server,
 )
+from kvtune.core.predict import Objective
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, LoadResult, run_batch
 from kvtune.harness.scrape import metric_totals
@@ -47,6 +48,7 @@ from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import plan
 from kvtune.operator.decide.policy import TuningPolicy
 from kvtune.operator.doctor.command import SINCE_BOOT, collect, examine, report
+from kvtune.operator.doctor.whatif import what_if_section
 from kvtune.operator.io.sources import MetricsEndpoint
 
 ORIGINAL = "original"
@@ -54,6 +56,7 @@ RECOMMENDED = "recommended"
 SUCCESS_METRIC = "vllm:request_success_total"
 SECTION = "doctor-vllm"
 SECTION_AFTER = "doctor-vllm-after-the-incident"
+SECTION_WHATIF = "doctor-vllm-whatif"
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,16 @@ def recommended_max_num_seqs(doctor_json: dict[str, Any]) -> int | None:
     return None
 
 
-def section_name(after_the_incident: bool) -> str:
+def whatif_max_num_seqs(doctor_json: dict[str, Any]) -> int | None:
+    """The what-if table's recommendation (issue 28), when it made one."""
+    what_if = doctor_json.get("what_if") or {}
+    value = what_if.get("recommended")
+    return int(value) if isinstance(value, int) else None
+
+
+def section_name(after_the_incident: bool, recommend: str = "ladder") -> str:
+    if recommend == "whatif":
+        return SECTION_WHATIF
     return SECTION_AFTER if after_the_incident else SECTION
 
 
@@ -263,9 +275,12 @@ def run_doctor(url: str, samples: int, window_s: float, known: EngineView) -> di
     taken, failure = collect(MetricsEndpoint(url), samples, window_s)
     found = examine(taken, failure, known, quiet_looks_back=True)
     d, engine = found.diagnosis, found.engine
+    # the what-if table as the command prints it (vLLM's CPU build: no CUDA graphs, any value)
+    what_if = what_if_section(taken, engine, Objective()) if taken and found.basis != SINCE_BOOT else None
     return report(
-        d, engine, plan(d, engine, TuningPolicy()), url, None, found.basis, found.since_boot_seconds
-    )
+        d, engine, plan(d, engine, TuningPolicy()), url, None, found.basis, found.since_boot_seconds,
+        what_if=what_if,
+    )  # fmt: skip
 
 
 async def _load_with_doctor(
@@ -315,6 +330,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--after-the-incident",
         action="store_true",
         help="run the first load to its end, then the doctor on the quiet vLLM (from its counters since boot)",
+    )
+    parser.add_argument(
+        "--recommend",
+        choices=("ladder", "whatif"),
+        default="ladder",
+        help="replay the ladder's lower_max_num_seqs value, or the what-if table's recommendation (issue 28; "
+        "its own section, with the predicted preemption rate at the original value against the observed)",
     )
     parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
 
@@ -369,13 +391,17 @@ def run(args: argparse.Namespace) -> int:
                 f"the original run did not preempt (KV pool {args.kv_cache_tokens:,} tokens, max_num_seqs "
                 f"{args.max_num_seqs}): shrink the pool or add requests"
             )
-        value = recommended_max_num_seqs(doctor_json)
+        value = (
+            whatif_max_num_seqs(doctor_json)
+            if args.recommend == "whatif"
+            else recommended_max_num_seqs(doctor_json)
+        )
         problem = not_looking_back(doctor_json) if args.after_the_incident else None
         if value is None or problem is not None:
             body = _section(args, spec, runs, None, doctor_json, finished, load_before, None)
             print(body)
             if not args.no_record:
-                record_section(section_name(args.after_the_incident), body)
+                record_section(section_name(args.after_the_incident, args.recommend), body)
             print(f"FAIL: {problem or 'the doctor recommended no max_num_seqs although vLLM preempted'}")
             return 1
         print(f"doctor recommends max_num_seqs {args.max_num_seqs} → {value}")
@@ -393,11 +419,56 @@ def run(args: argparse.Namespace) -> int:
     body = _section(args, spec, runs, value, doctor_json, finished, load_before, v)
     print(body)
     if not args.no_record:
-        record_section(section_name(args.after_the_incident), body)
-    return 0 if v.passed else 1
+        record_section(section_name(args.after_the_incident, args.recommend), body)
+    return 0 if v.passed and whatif_within(doctor_json, args) is not False else 1
 
 
-def title(after_the_incident: bool) -> str:
+def whatif_within(doctor_json: dict[str, Any], args: argparse.Namespace) -> bool | None:
+    """Whether the predicted preemption rate at the original value is within 2x of the doctor window's
+    observed one (None when there is no what-if table, or no what-if replay was asked for)."""
+    what_if = doctor_json.get("what_if") or {}
+    if args.recommend != "whatif" or "current" not in what_if:
+        return None
+    predicted = float(what_if["current"]["predicted_preemptions_per_min"])
+    observed = float(what_if["observed_preemptions_per_min"])
+    if observed <= 0:
+        return predicted == 0
+    return 0.5 <= predicted / observed <= 2.0
+
+
+def whatif_lines(doctor_json: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """The what-if table the doctor printed, and the 2x check at the original value."""
+    what_if = doctor_json.get("what_if")
+    if not what_if:
+        return []
+    if "insufficient" in what_if:
+        return ["", f"What-if: no table ({what_if['insufficient']})."]
+    current = what_if["current"]
+    predicted, observed = current["predicted_preemptions_per_min"], what_if["observed_preemptions_per_min"]
+    ratio = predicted / observed if observed > 0 else float("nan")
+    within = whatif_within(doctor_json, args)
+    return [
+        "",
+        f"What-if ({what_if['objective']}): fitted workload: {what_if['workload']}. At the original "
+        f"max_num_seqs {current['max_num_seqs']}: predicted {predicted:.1f} preemptions/min, observed "
+        f"{observed:.1f} in the doctor's window (predicted ÷ observed {ratio:.2f}; goal within 2×"
+        + ("" if within is None else f": {'met' if within else 'NOT met'}")
+        + f"); goodput predicted {current['predicted_goodput_tokens_per_s']:.0f}, observed "
+        f"{what_if['observed_goodput_tokens_per_s']:.0f} tokens/s. Recommendation: max_num_seqs "
+        f"{what_if['recommended']} ({what_if['reason']}).",
+        "",
+        "```",
+        *what_if["table"],
+        "```",
+    ]
+
+
+def title(after_the_incident: bool, recommend: str = "ladder") -> str:
+    if recommend == "whatif":
+        return (
+            "## `kvtune doctor`'s what-if recommendation against vLLM's CPU build "
+            "(`kvtune bench doctor-vllm --recommend whatif`)"
+        )
     if after_the_incident:
         return (
             "## `kvtune doctor` after the incident, on a quiet vLLM's CPU build "
@@ -446,7 +517,7 @@ def _section(
     versions = installed_versions(args.venv)
     notes = [f"[{n['severity']}] {n['message']} ({n['evidence']})" for n in findings.get("notes", [])]
     lines = [
-        title(args.after_the_incident),
+        title(args.after_the_incident, args.recommend),
         "",
         f"Method: vLLM {versions.get('vllm', '?')} (CPU build, torch {versions.get('torch', '?')}) serves the "
         f"tiny checkpoint with a KV pool of {args.kv_cache_tokens:,} usable tokens (block {args.block_size}, "
@@ -462,8 +533,14 @@ def _section(
         f"Machine: {machine_description()}. Revision {git_revision()}. Load average before "
         f"{load_before[0]:.2f}, after {load_after[0]:.2f} (1 min).",
         "",
-        f"Doctor: `lower_max_num_seqs` {args.max_num_seqs} → {value if value is not None else 'none'}. "
-        f"Evidence: {remedy_evidence(doctor_json)}",
+        (
+            f"Doctor: `lower_max_num_seqs` {args.max_num_seqs} → {recommended_max_num_seqs(doctor_json) or 'none'}; "
+            f"what-if {whatif_max_num_seqs(doctor_json) or 'none'}, replayed. Ladder evidence: "
+            f"{remedy_evidence(doctor_json)}"
+            if args.recommend == "whatif"
+            else f"Doctor: `lower_max_num_seqs` {args.max_num_seqs} → {value if value is not None else 'none'}. "
+            f"Evidence: {remedy_evidence(doctor_json)}"
+        ),
         "",
         f"Doctor findings: preemption rate {_fmt(findings.get('preemption_rate'), '.2f')}/s, KV usage max "
         f"{_fmt(findings.get('kv_usage_max'), '.0%')}, footprint p95 {_fmt(findings.get('footprint_p95'), ',.0f')} "
@@ -471,6 +548,7 @@ def _section(
         f"ceiling {findings.get('real_concurrency_ceiling')}, running mean "
         f"{_fmt(findings.get('requests_running'), '.1f')}.",
         *(f"- {note}" for note in notes),
+        *whatif_lines(doctor_json, args),
         "",
         format_runs(runs),
     ]

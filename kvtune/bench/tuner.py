@@ -33,6 +33,7 @@ from pathlib import Path
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
+from kvtune.core.predict import Forecast
 from kvtune.errors import KvtuneError
 from kvtune.harness.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
 from kvtune.harness.load import BackgroundLoad, LoadShape
@@ -132,6 +133,24 @@ WORKLOADS = {
                              "a pool of few requests whose outputs outgrow their prompts"),
 }  # fmt: skip
 WORKLOAD_FLAGS = ("kv_cache_tokens", "clients", "prompt_len", "output_len", "start", "sweep")
+RANDOM_SEED = 28  # issue 28's three seeded random workloads (kvtune.bench.whatif.random_workloads)
+
+
+def all_workloads() -> dict[str, Workload]:
+    """The named workloads, issue 28's (a workload the tuner had not seen) and its three seeded random ones
+    (pool ÷ mean footprint spread over 3-20, prompt-heavy to output-heavy), the same the what-if benchmark
+    measures."""
+    from kvtune.bench.whatif import named_workloads, random_workloads  # it imports this module
+
+    found = dict(WORKLOADS)
+    for w in [named_workloads()["issue-28"], *random_workloads(RANDOM_SEED)]:
+        found[w.name] = Workload(
+            w.kv_cache_tokens, w.clients, f"{w.prompt_len[0]}:{w.prompt_len[1]}",
+            f"{w.output_len[0]}:{w.output_len[1]}", w.start, ",".join(str(v) for v in w.sweep),
+            "issue 28's workload, one the tuner had not seen" if w.name == "issue-28" else
+            f"seeded random workload (seed {RANDOM_SEED}): {w.describe()}",
+        )  # fmt: skip
+    return found
 
 
 def section_name(workload: str) -> str:
@@ -141,7 +160,7 @@ def section_name(workload: str) -> str:
 
 def apply_workload(args: argparse.Namespace) -> argparse.Namespace:
     """Fill every workload flag left unset from the named preset; a flag given explicitly wins."""
-    preset = WORKLOADS[args.workload]
+    preset = all_workloads()[args.workload]
     for name in WORKLOAD_FLAGS:
         if getattr(args, name) is None:
             setattr(args, name, getattr(preset, name))
@@ -149,7 +168,7 @@ def apply_workload(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="default",
+    parser.add_argument("--workload", choices=sorted(all_workloads()), default="default",
                         help="a named workload (its pool, load, start and sweep); the flags below override it")  # fmt: skip
     parser.add_argument("--sweep", help="static max_num_seqs values (default: the workload's)")
     parser.add_argument("--start", type=int, help="the too-high max_num_seqs the tuner starts at")
@@ -163,6 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=1.0, help="tuner sampling interval")
     parser.add_argument("--evaluation-window", type=float, default=3.0)
     parser.add_argument("--tune-seconds", type=float, default=30.0, help="how long the tuner runs first")
+    parser.add_argument("--no-predict", action="store_true",
+                        help="measured stepping only (the tuner before issue 28), for comparison")  # fmt: skip
     parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
 
 
@@ -266,6 +287,46 @@ def _row(r: Measured) -> str:
     return f"| {r.max_num_seqs} | {r.goodput:.0f} | {r.delivered:.0f} | {r.per_cpu_s:.0f} | {r.preemptions:.0f} |"
 
 
+def prediction_rows(
+    ticks: list[Tick], began: float, steady: Measured, steady_s: float, converged_goodput: float
+) -> list[str]:
+    """The tuner's forecasts beside what followed: each value it jumped to with its predicted preemptions and
+    goodput, the verdicts of the windows after, and the steady window's and the alternating rounds'
+    outcome against the last forecast."""
+    forecasts: list[tuple[float, Forecast]] = []
+    verdicts: list[tuple[float, str]] = []
+    for tick in ticks:
+        prediction = tick.state.prediction
+        f = prediction.forecast
+        if f is not None and (not forecasts or forecasts[-1][1] != f):
+            forecasts.append((tick.at - began, f))
+        if prediction.verdict and (not verdicts or verdicts[-1][1] != prediction.verdict):
+            verdicts.append((tick.at - began, prediction.verdict))
+    if not ticks or not (forecasts or verdicts):
+        return ["| predictions | none made (measured stepping) |"]
+    last = ticks[-1].state.prediction
+    rows = [
+        f"| forecast ({at:.0f} s) | {f.current} → {f.value}: predicted {f.preemptions_per_min:.1f} preemptions/min, "
+        f"goodput {f.goodput:.0f} tokens/s, p95 queue wait {f.p95_wait_s:.2f} s (at {f.current}: "
+        f"{f.current_preemptions_per_min:.1f}/min, {f.current_goodput:.0f} tokens/s); fit: {f.workload} |"
+        for at, f in forecasts
+    ]
+    rows += [f"| verdict ({at:.0f} s) | {text} |" for at, text in verdicts]
+    if forecasts:
+        f = forecasts[-1][1]
+        error = f.goodput / converged_goodput - 1 if converged_goodput > 0 else float("nan")
+        rows.append(
+            f"| last forecast against the outcome | {f.value}: predicted {f.preemptions_per_min:.1f}/min, observed "
+            f"{steady.preemptions / steady_s * 60:.1f}/min over the {steady_s:g} s steady window; goodput "
+            f"predicted {f.goodput:.0f}, measured {converged_goodput:.0f} tokens/s (alternating median; "
+            f"prediction error {error:+.0%}) |"
+        )
+    rows.append(
+        f"| fell back to measured stepping | {'yes' if last.stepping else 'no'} ({last.misses} misses) |"
+    )
+    return rows
+
+
 def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argparse.Namespace) -> str:
     source = MetricsEndpoint(engine.url)
     actuator = KvtuneAdminActuator(engine.url, TOKEN)
@@ -282,13 +343,16 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
         clean = [row for row in rows if row.preemptions == 0]
         best = max(clean, key=lambda row: row.goodput) if clean else None
         policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=args.evaluation_window,
-                              cooldown_s=args.evaluation_window)  # fmt: skip
+                              cooldown_s=args.evaluation_window, predict=not args.no_predict)  # fmt: skip
         ticks: list[Tick] = []
         stop = threading.Event()
         began = time.time()
 
         def on_tick(tick: Tick) -> None:
             ticks.append(tick)
+            verdict = tick.state.prediction.verdict
+            if verdict and (len(ticks) < 2 or ticks[-2].state.prediction.verdict != verdict):
+                print(f"  tuner {tick.at - began:5.1f} s: prediction: {verdict}", flush=True)
             for change, outcome in tick.applied:
                 print(f"  tuner {tick.at - began:5.1f} s: {change.before} -> {change.value} "
                       f"({'ok' if outcome.ok else outcome.error}): {change.reason}", flush=True)  # fmt: skip
@@ -361,18 +425,20 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
         if same_value
         else f"{ratio:.0%}"
     )
+    goal = 5 if args.no_predict else 3  # issue 28: predicting, ≤ 3 windows
     verdict = (
         f"workload {args.workload}: pool ÷ mean footprint {args.kv_cache_tokens / footprint:.1f}; "
-        f"windows to converge {intervals} (goal ≤ 5); converged {converged}, sweep-best "
+        f"windows to converge {intervals} (goal ≤ {goal}); converged {converged}, sweep-best "
         f"{best.max_num_seqs if best else 'none'}; goodput ÷ sweep-best {reached_text} (goal ≥ 95%); "
         f"preemptions after {steady.preemptions + alt_pre:.0f} (goal 0): "
-        + ("met" if intervals <= 5 and reached >= 0.95 and clean_after else "NOT met")
+        + ("met" if intervals <= goal and reached >= 0.95 and clean_after else "NOT met")
     )
+    predictions = prediction_rows(ticks, began, steady, 2 * args.measure, conv_med)
     print(verdict, flush=True)
     lines = [
         f"## Tuner, workload {args.workload} (`kvtune bench tuner --workload {args.workload}`)",
         "",
-        f"Workload {args.workload}: {WORKLOADS[args.workload].why}; KV pool {args.kv_cache_tokens:,} tokens ÷ "
+        f"Workload {args.workload}: {all_workloads()[args.workload].why}; KV pool {args.kv_cache_tokens:,} tokens ÷ "
         f"mean full footprint {footprint:.0f} tokens = {args.kv_cache_tokens / footprint:.1f}.",
         "",
         method_text(args, shape),
@@ -404,11 +470,12 @@ def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argp
         f"| goodput ÷ sweep-best (alternating medians) | {ratio:.0%} wall-clock; {conv_cpu / best_cpu:.0%} per "
         "engine CPU-second (goal ≥ 95%) |",
         f"| windows to converge | {intervals} evaluation windows (last change at {last_change:.0f} s; "
-        "goal ≤ 5) |",
+        f"goal ≤ {goal}) |",
         f"| preemptions after convergence | {steady.preemptions:.0f} over the {2 * args.measure:g} s steady "
         f"window with the tuner running, {alt_pre:.0f} in the converged value's alternating windows (goal 0) |",
         f"| steady-state goodput (tuner running) | {steady.goodput:.0f} tokens/s |",
         f"| requests | {tally.completed} completed, {len(tally.failures)} failed |",
+        *predictions,
         f"| verdict | {verdict} |",
     ]
     return "\n".join(lines)

@@ -313,6 +313,41 @@ def _operator() -> list[PanelSpec]:
         ),
         PanelSpec(
             d,
+            "Prediction",
+            "Preemptions per minute: predicted against observed",
+            "At the max_num_seqs in force: the what-if model's forecast (issue 28) and the last window's "
+            "rate. Healthy: both at 0 under NoPreemption, or close under Goodput; an observed line above a "
+            "predicted 0 is a miss, and two misses put the tuner back to measured stepping.",
+            (
+                Target(
+                    f"max by (policy, kind) (kvtune_operator_preemptions_per_minute{{{OPERATOR}}})",
+                    "{{kind}} {{policy}}",
+                    COUNT,
+                ),
+                Target(
+                    f"max by (policy) (kvtune_operator_prediction_misses{{{OPERATOR}}})",
+                    "misses {{policy}}",
+                    COUNT,
+                ),
+            ),
+        ),
+        PanelSpec(
+            d,
+            "Prediction",
+            "Objective in force",
+            "1 on the objective each policy tunes for: NoPreemption (the largest max_num_seqs predicted "
+            "never to preempt) or Goodput (the best predicted goodput under the policy's p95 queue-wait "
+            "bound). Healthy: the objective the policy states; no line: prediction is off for that policy.",
+            (
+                Target(
+                    f"max by (policy, objective) (kvtune_operator_objective{{{OPERATOR}}})",
+                    "{{objective}} {{policy}}",
+                    COUNT,
+                ),
+            ),
+        ),
+        PanelSpec(
+            d,
             "Health",
             "Rollbacks",
             "Actions undone because the engine got worse. Healthy: flat.",

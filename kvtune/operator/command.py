@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap-floor", type=int, default=TuningPolicy.cap_floor)
     parser.add_argument("--allow-fp8", action="store_true")
     parser.add_argument("--shared-prefix-tokens", type=int, default=0)
+    parser.add_argument("--no-predict", action="store_true",
+                        help="measured stepping only: no what-if fit and predicted move of max_num_seqs")  # fmt: skip
+    parser.add_argument("--objective", choices=("NoPreemption", "Goodput"), default="NoPreemption",
+                        help="what the predicted move maximises (Goodput needs --p95-wait-bound)")  # fmt: skip
+    parser.add_argument("--p95-wait-bound", type=float, metavar="SECONDS",
+                        help="Goodput's bound on the predicted p95 queue wait")  # fmt: skip
+    parser.add_argument("--round-to", type=int, default=1,
+                        help="max_num_seqs in multiples of this (8 for vLLM on CUDA: its CUDA graphs)")  # fmt: skip
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -118,6 +126,10 @@ def policy_from_args(args: argparse.Namespace) -> TuningPolicy:
             max_step=args.max_step,
             allow_fp8=args.allow_fp8,
             shared_prefix_tokens=args.shared_prefix_tokens,
+            predict=not args.no_predict,
+            objective=args.objective,
+            p95_wait_bound_s=args.p95_wait_bound,
+            round_to=args.round_to,
         )
     except ValueError as err:
         raise KvtuneError(str(err)) from None

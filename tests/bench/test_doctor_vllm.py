@@ -13,6 +13,7 @@ from kvtune.bench.doctor_vllm import (
     RECOMMENDED,
     SECTION,
     SECTION_AFTER,
+    SECTION_WHATIF,
     Run,
     _section,
     diagnosis_method,
@@ -26,6 +27,8 @@ from kvtune.bench.doctor_vllm import (
     section_name,
     title,
     verdict,
+    whatif_max_num_seqs,
+    whatif_within,
 )
 from kvtune.cli import build_parser, main
 from kvtune.harness.load import BatchSpec
@@ -124,6 +127,20 @@ def test_after_the_incident_is_a_flag_with_its_own_section() -> None:
     assert not build_parser(plain).parse_args(plain).after_the_incident
     assert (section_name(True), section_name(False)) == (SECTION_AFTER, SECTION)
     assert "--after-the-incident" in title(True) and "--after-the-incident" not in title(False)
+
+
+def test_the_what_if_replay_has_its_own_section_and_checks_the_predicted_rate_within_2x() -> None:
+    argv = ["bench", "doctor-vllm", "--recommend", "whatif", "--no-record"]
+    args = build_parser(argv).parse_args(argv)
+    assert args.recommend == "whatif" and section_name(False, "whatif") == SECTION_WHATIF
+    assert "--recommend whatif" in title(False, "whatif")
+    table = {"current": {"predicted_preemptions_per_min": 150.0}, "observed_preemptions_per_min": 100.0,
+             "recommended": 9}  # fmt: skip
+    assert whatif_max_num_seqs({"what_if": table}) == 9
+    assert whatif_within({"what_if": table}, args) is True
+    far = {**table, "observed_preemptions_per_min": 40.0}
+    assert whatif_within({"what_if": far}, args) is False
+    assert whatif_within({"what_if": {"insufficient": "2 scrapes"}}, args) is None
 
 
 def quiet_vllm() -> str:

@@ -156,6 +156,8 @@ def test_the_panels_the_issue_names_are_there() -> None:
         "kvtune_operator_ladder_rung",
         "kvtune_operator_condition",
         "kvtune_operator_rollbacks_total",
+        "kvtune_operator_preemptions_per_minute",  # issue 28: predicted against observed
+        "kvtune_operator_objective",
     ):
         assert needed in exprs, needed
     assert len(titles[p.KV_CACHE_UID]) >= 10

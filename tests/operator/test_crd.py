@@ -13,14 +13,17 @@ import pydantic
 import pytest
 import yaml
 
+from kvtune.core.predict import Forecast
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.prediction import PredictionState
 from kvtune.operator.decide.tuner import Figures, HistoryEntry, Pending, TunerState
 from kvtune.operator.k8s import crd_yaml
 from kvtune.operator.k8s.crd import (
     KVTuningPolicy,
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
+    PredictionStatus,
     state_from_status,
     state_to_status,
 )
@@ -149,6 +152,7 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
         },  # and the reverse
         {"target": KVTUNE_BEHIND_A_PROXY},  # a kvtune engine caps max_tokens itself: no proxy in front
         {"metrics": {**spec["metrics"], "proxyMetricsUrl": "http://proxy:8001"}},  # only beside metricsUrl
+        {"objective": "Goodput"},  # issue 28: Goodput states its p95 latency bound
     ):
         with pytest.raises(pydantic.ValidationError):
             KVTuningPolicySpec.model_validate({**spec, **change})
@@ -158,8 +162,10 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
         for rule in node.get("x-kubernetes-validations", [])
     ]
     # issue 15: podEndpoints (metricsPath, adminUrl, metrics and byPod rules), then its proxyPort (the
-    # proxy token goes with proxyAdminUrl or podEndpoints.proxyPort, so the one "together" rule is two)
-    assert len(rules) == 15
+    # proxy token goes with proxyAdminUrl or podEndpoints.proxyPort, so the one "together" rule is two);
+    # issue 28: the Goodput objective's bound
+    assert len(rules) == 16
+    assert "self.objective != 'Goodput' || has(self.p95QueueWaitBoundSeconds)" in rules
     assert "!has(self.proxyAdminUrl) || has(self.proxyAdminTokenSecretRef)" in rules
 
 
@@ -184,6 +190,16 @@ def test_defaults_fill_a_minimal_spec() -> None:
     jsonschema.validate({"spec": minimal}, openapi_schema())
     spec = KVTuningPolicySpec.model_validate(minimal)
     assert spec.mode == "Recommend" and spec.interval_seconds == 15 and spec.target.kind == "Deployment"
+    # issue 28: prediction on, NoPreemption, and multiples of 8 for vLLM (its CUDA graphs), 1 elsewhere
+    policy = spec.to_policy()
+    assert policy.predict and policy.objective == "NoPreemption" and policy.round_to == 8
+    kvtune = {**minimal, "target": {"name": "m", "engine": "kvtune", "adminUrl": "http://m:8000",
+                                     "adminTokenSecretRef": {"name": "t"}}}  # fmt: skip
+    assert KVTuningPolicySpec.model_validate(kvtune).to_policy().round_to == 1
+    cpu_vllm = KVTuningPolicySpec.model_validate({**minimal, "roundTo": 1, "objective": "Goodput",
+                                                  "p95QueueWaitBoundSeconds": 2.5})  # fmt: skip
+    goodput = cpu_vllm.to_policy()
+    assert goodput.round_to == 1 and goodput.objective == "Goodput" and goodput.p95_wait_bound_s == 2.5
 
 
 def test_tuner_state_round_trips_through_status() -> None:
@@ -209,3 +225,22 @@ def test_tuner_state_round_trips_through_status() -> None:
     dumped = status.dump()
     jsonschema.validate({"spec": sample()["spec"], "status": dumped}, openapi_schema())
     assert state_from_status(KVTuningPolicyStatus.model_validate(dumped)) == state
+
+
+def test_a_forecast_and_its_verdict_round_trip_through_status() -> None:
+    """Issue 28: the prediction in force, its verdict and the misses survive an operator restart (the
+    operating points do not: a refit gathers them again)."""
+    forecast = Forecast(
+        8, 0.0, 480.5, 0.75, 64, 41.2, 455.0, "NoPreemption", "the largest value", "closed loop"
+    )
+    prediction = PredictionState(forecast, "held: 0 preemptions in 60 s at 8", 1, False, (), 1000.5)
+    tuner, history = state_to_status(TunerState(prediction=prediction))
+    status = KVTuningPolicyStatus(
+        tuner_state=tuner,
+        history=history,
+        prediction=PredictionStatus.of(prediction, "NoPreemption (risk margin 5%)", 1, 0.0),
+    )
+    dumped = status.dump()
+    jsonschema.validate({"spec": sample()["spec"], "status": dumped}, openapi_schema())
+    assert dumped["prediction"]["forecast"]["predictedPreemptionsPerMinute"] == 0.0
+    assert state_from_status(KVTuningPolicyStatus.model_validate(dumped)).prediction == prediction

@@ -66,3 +66,15 @@ def test_prometheus_needs_a_selector(capsys: pytest.CaptureFixture[str]) -> None
 def test_operator_without_local_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["operator"]) == 2
     assert "in-cluster" in capsys.readouterr().err
+
+
+def test_two_samples_give_no_what_if_table_and_say_why(
+    scrapes: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28: the fit needs 3 scrapes over 5 s; two say so in the text and in --json."""
+    assert main(["doctor", "--metrics-url", scrapes, "--window-seconds", "0.2", "--samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "What-if: no table" in out and "2 scrapes in the window, at least 3 needed" in out
+    main(["doctor", "--metrics-url", scrapes, "--json", "--window-seconds", "0.2", "--samples", "2"])
+    what_if = json.loads(capsys.readouterr().out)["what_if"]
+    assert "at least 3 needed" in what_if["insufficient"]

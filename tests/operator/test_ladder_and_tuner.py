@@ -9,7 +9,14 @@ from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import EngineView
-from kvtune.operator.decide.ladder import Remedy, plan, pool_binds, raise_max_num_seqs, recommend_fp8_kv
+from kvtune.operator.decide.ladder import (
+    LADDER,
+    Remedy,
+    plan,
+    pool_binds,
+    raise_max_num_seqs,
+    recommend_fp8_kv,
+)
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.tuner import Decision, Figures, Pending, TunerState, decide
@@ -301,7 +308,7 @@ def test_plan_lists_every_rung_in_ladder_order() -> None:
     samples = preempting(0, 10)
     d = decide(Window.of(samples), kvtune_engine(), POLICY, TunerState(), 10)[0].diagnosis
     remedies = plan(d, kvtune_engine(), POLICY)
-    assert [r.remedy for r in remedies] == list(Remedy)
+    assert [r.remedy for r in remedies] == list(LADDER)
     assert [r.applicable for r in remedies] == [False, True, False, True]
 
 

@@ -89,7 +89,8 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     log = tmp_path / "operator.log"
     command = cli_argv("operator", "--local", "--target", engine.url, "--admin-token-file",
                              str(tmp_path / "token"), "--interval", str(OPERATOR_INTERVAL), "--evaluation-window", "2",
-                             "--metrics-port", str(port))  # fmt: skip
+                             "--metrics-port", str(port), "--no-predict")  # fmt: skip
+    # --no-predict: this test follows the ladder's lower_max_num_seqs (the predicted move has its own below)
     began = time.time()
     with log.open("wb") as out:
         operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -135,6 +136,55 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
     after = series_value(down, "kvtune_operator_last_evaluation_timestamp_seconds", **policy)
     assert after is not None and after > stopping  # it goes on evaluating
     assert (series_value(down, "kvtune_operator_actions_total", **lower, result="applied") or 0) >= 1
+
+
+def test_the_local_operator_predicts_and_serves_the_forecast_beside_the_observed_rate(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """Issue 28, the whole chain on a real engine: the fit of the live window, the what-if forecast for
+    max_num_seqs (a predicted move, or the value the ladder reached when that is already the pick; while
+    the young engine has finished too few requests to fit, the ladder steps), and the operator's /metrics
+    with the objective in force and the predicted rate at the value in force beside the observed one."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    log = tmp_path / "operator.log"
+    command = cli_argv("operator", "--local", "--target", engine.url, "--admin-token-file",
+                             str(tmp_path / "token"), "--interval", str(INTERVAL), "--evaluation-window", "2",
+                             "--metrics-port", str(port))  # fmt: skip
+    with log.open("wb") as out:
+        operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    load = BackgroundLoad(engine.url, LoadShape(clients=16)).start()
+    policy = {"namespace": "local", "policy": local_policy_name(engine.url)}
+    predicted: Series | None = None
+    try:
+        deadline = time.monotonic() + 180
+        while predicted is None:
+            assert time.monotonic() < deadline, f"no forecast within 180 s: {log.read_text()[-2000:]}"
+            series = scrape(url)
+            if (
+                series is not None
+                and series_value(series, "kvtune_operator_preemptions_per_minute", **policy, kind="predicted")
+                is not None
+            ):
+                predicted = series
+            time.sleep(INTERVAL / 2)
+    finally:
+        load.stop()
+        operator.terminate()
+        operator.wait(15)
+    output = log.read_text()
+    assert "Traceback" not in output, output[-2000:]
+    assert series_value(predicted, "kvtune_operator_preemptions_per_minute", **policy, kind="predicted") == 0
+    assert (
+        series_value(predicted, "kvtune_operator_preemptions_per_minute", **policy, kind="observed")
+        is not None
+    )
+    current = series_value(predicted, "kvtune_operator_knob", **policy, knob="max_num_seqs", kind="current")
+    assert current is not None and current < 64, current
+    assert series_value(predicted, "kvtune_operator_objective", **policy, objective="NoPreemption") == 1
+    assert series_value(predicted, "kvtune_operator_objective", **policy, objective="Goodput") is None
+    misses = series_value(predicted, "kvtune_operator_prediction_misses", **policy)
+    assert misses is not None and misses < 2
 
 
 def test_a_refused_change_is_a_failed_action_and_an_apply_error() -> None:

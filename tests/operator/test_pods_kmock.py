@@ -180,6 +180,7 @@ def kvtune_spec(port: int, mode: str = "Apply") -> dict[str, Any]:
         "intervalSeconds": 1,
         "evaluationWindowSeconds": 30,
         "cooldownSeconds": 0,
+        "prediction": False,  # the ladder's first action on a two-sample window (the predicted move needs 5 s)
     }
 
 

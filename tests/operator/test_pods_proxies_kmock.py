@@ -199,6 +199,7 @@ def sidecar_spec(workload: SidecarWorkload) -> dict[str, Any]:
         "intervalSeconds": 1,
         "evaluationWindowSeconds": 30,
         "cooldownSeconds": 0,
+        "prediction": False,  # the ladder's first action on a two-sample window (the predicted move needs 5 s)
     }  # fmt: skip
 
 

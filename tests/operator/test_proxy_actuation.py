@@ -129,6 +129,7 @@ def behind_proxy(vllm: str, proxy: str) -> dict[str, Any]:
         "intervalSeconds": 1,
         "evaluationWindowSeconds": 30,
         "cooldownSeconds": 0,
+        "prediction": False,  # the ladder's first action on a two-sample window (the predicted move needs 5 s)
     }  # fmt: skip
 
 

@@ -136,6 +136,7 @@ def vllm_policy(kind: str, name: str, engine_url: str) -> dict[str, Any]:
         "intervalSeconds": 1,
         "evaluationWindowSeconds": 30,
         "cooldownSeconds": 0,
+        "prediction": False,  # the ladder's first action on a two-sample window (the predicted move needs 5 s)
     }
 
 

@@ -27,6 +27,8 @@ class Remedy(Enum):
     LOWER_MAX_NUM_SEQS = "lower_max_num_seqs"
     FLAG_PREFIX_DEFEAT = "flag_prefix_defeat"
     RECOMMEND_FP8_KV = "recommend_fp8_kv"
+    # not a rung: the what-if model's one move of max_num_seqs, made before the ladder (kvtune.core.predict)
+    PREDICT_MAX_NUM_SEQS = "predict_max_num_seqs"
 
 
 LADDER = (
@@ -40,6 +42,7 @@ KNOBS = {
     Remedy.LOWER_MAX_NUM_SEQS: KNOB_MAX_NUM_SEQS,
     Remedy.FLAG_PREFIX_DEFEAT: None,  # a flag, never an action
     Remedy.RECOMMEND_FP8_KV: KNOB_KV_CACHE_DTYPE,
+    Remedy.PREDICT_MAX_NUM_SEQS: KNOB_MAX_NUM_SEQS,
 }
 
 

@@ -28,6 +28,14 @@ class TuningPolicy:
     raise_kv_target: float = 0.8  # raise max_num_seqs only while projected KV usage stays under this
     throughput_tolerance: float = 0.1  # a saturated window losing more goodput than this rolls back
     unsafe_memory_s: float = 600.0  # how long a value that preempted blocks raising to it
+    # the what-if model's move (kvtune.core.predict): on, the tuner fits the live workload and jumps to the
+    # objective's pick before any measured step; off (the pure default, kept by the ladder's own tests),
+    # measured stepping only. The CRD and `kvtune operator` turn it on.
+    predict: bool = False
+    objective: str = "NoPreemption"  # or Goodput, under p95_wait_bound_s
+    p95_wait_bound_s: float | None = None
+    round_to: int = 1  # max_num_seqs moves in multiples of this (8 for vLLM on CUDA: its CUDA graphs)
+    risk_margin: float = 0.05  # NoPreemption's pick keeps its predicted run within 1 - this of the pool
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_max_num_seqs <= self.max_max_num_seqs:
@@ -38,6 +46,12 @@ class TuningPolicy:
             raise ValueError("evaluation_window_s must be positive and cooldown_s >= 0")
         if not 0 < self.raise_kv_target <= 1:
             raise ValueError("raise_kv_target must be in (0, 1]")
+        if self.objective not in ("NoPreemption", "Goodput"):
+            raise ValueError(f"objective must be NoPreemption or Goodput, got {self.objective!r}")
+        if self.objective == "Goodput" and not (self.p95_wait_bound_s and self.p95_wait_bound_s > 0):
+            raise ValueError("the Goodput objective needs a positive p95 latency bound")
+        if self.round_to < 1 or not 0 <= self.risk_margin < 1:
+            raise ValueError("round_to must be at least 1 and risk_margin in [0, 1)")
 
     def clamp(self, max_num_seqs: int) -> int:
         return max(self.min_max_num_seqs, min(self.max_max_num_seqs, max_num_seqs))

@@ -1,5 +1,9 @@
 """The tuner: `decide(window, engine, policy, state, now) -> (decision, new_state)`, a pure function.
 
+With `policy.predict` it first fits the live workload and jumps max_num_seqs to the what-if model's pick in
+one move (`kvtune.core.predict`), verifies that in one evaluation window, refits when the window contradicts
+it, and after two such misses falls back to the measured stepping below, saying so.
+
 It walks the ladder one remedy at a time. An applied change is watched for one evaluation window and then
 judged: kept, or rolled back when it made things worse (a raise that preempts, a cap whose preemptions
 rose, or under saturated demand goodput that fell). The next rung is tried only when the earlier ones are
@@ -14,10 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS
-from kvtune.contract.metrics import PREEMPTIONS, RUNNING
+from kvtune.contract.metrics import PREEMPTIONS, REQUEST_GENERATION_TOKENS, RUNNING
+from kvtune.core.predict import NoForecast, judge, plan
+from kvtune.core.workload_fit import Insufficient
 from kvtune.operator.decide.continuity import Continuity
 from kvtune.operator.decide.diagnosis import Diagnosis, diagnose
 from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.fit_window import fit_from_window, settings_of
 from kvtune.operator.decide.ladder import (
     LADDER,
     Advice,
@@ -31,6 +38,7 @@ from kvtune.operator.decide.ladder import (
     recommend_fp8_kv,
 )
 from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.prediction import PredictionState, fit_limits, objective_of
 from kvtune.operator.decide.window import Window
 
 HISTORY_LIMIT = 32
@@ -75,7 +83,7 @@ class Pending:
     knob: str
     before: Value
     after: Value
-    direction: str  # cap, lower, raise
+    direction: str  # cap, lower, raise, predict
     before_figures: Figures
     held_at: float | None = None  # when the new limit was first seen holding (kept: the window slides)
 
@@ -93,6 +101,7 @@ class TunerState:
     desired: tuple[tuple[str, Value], ...] = ()  # knob values the operator set and holds, sorted by knob
     # which process the samples come from (`continuity`): not kept in status, the next samples rebuild it
     source: Continuity = field(default_factory=Continuity)
+    prediction: PredictionState = field(default_factory=PredictionState)
 
     def record(self, entry: HistoryEntry) -> TunerState:
         return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])
@@ -121,6 +130,7 @@ class TunerState:
             unsafe_since=None,
             exhausted=self.exhausted - {Remedy.LOWER_MAX_NUM_SEQS},
             desired=tuple((knob, value) for knob, value in self.desired if knob != KNOB_MAX_NUM_SEQS),
+            prediction=replace(self.prediction, forecast=None, verdict="the pool changed: predicting afresh"),
         )
 
 
@@ -174,9 +184,21 @@ def settled_at(window: Window, pending: Pending, policy: TuningPolicy, now: floa
         return pending.at
     held = pending.held_at if pending.held_at is not None else held_since(window, pending)
     if held is None:
-        return pending.at if now - pending.at >= 3 * policy.evaluation_window_s else None
-    if pending.direction != "lower":
+        # a predicted value is judged on its own window, so its drain is awaited longer (a 60 -> 21 jump of
+        # the tuner benchmark's random-28-3 drained for over three windows, and the drain's preemptions
+        # were judged as the value's own)
+        limit = 10 if pending.direction == "predict" else 3
+        return pending.at if now - pending.at >= limit * policy.evaluation_window_s else None
+    lowering = pending.direction == "lower" or (
+        pending.direction == "predict" and isinstance(pending.before, int) and pending.after < pending.before
+    )
+    if not lowering:
         return held
+    if pending.direction == "predict":
+        # a predicted value is judged on its own window, never on the drain's: the first evaluation window
+        # after the limit held belongs to the old value's survivors (judging it made the tuner benchmark's
+        # long-outputs workload count one preemption of the drain as a miss at 3 and settle at 2)
+        return held + policy.evaluation_window_s
     if now - held >= policy.evaluation_window_s and _clean_since(window, held):
         return held
     return min(held + policy.evaluation_window_s, pending.at + 3 * policy.evaluation_window_s)
@@ -308,9 +330,10 @@ def _act(
     figures = Figures.of(d)
     change = Change(advice.knob, advice.recommended, advice.current, advice.remedy, advice.evidence)
     pending = Pending(now, advice.remedy, advice.knob, advice.current, advice.recommended, direction, figures)
-    state = replace(state, rung=advice.remedy, pending=pending, last_action_at=now)
+    rung = advice.remedy if advice.remedy in LADDER else state.rung  # a predicted move is no rung
+    state = replace(state, rung=rung, pending=pending, last_action_at=now)
     state = state.desire(advice.knob, advice.recommended)
-    if direction == "lower":
+    if direction == "lower" or (direction == "predict" and d.preempting):
         state = _mark_unsafe(state, advice.current, now)
     state = state.record(
         HistoryEntry(
@@ -334,7 +357,8 @@ def _report(advice: Advice, d: Diagnosis, state: TunerState, now: float) -> tupl
     if key in state.reported:
         return False, state
     kind = "flagged" if advice.knob is None else "recommended"
-    state = replace(state, reported=state.reported | {key}, rung=advice.remedy)
+    rung = advice.remedy if advice.remedy in LADDER else state.rung
+    state = replace(state, reported=state.reported | {key}, rung=rung)
     entry = HistoryEntry(now, kind, advice.remedy, advice.knob, advice.current, advice.recommended, kind,
                          advice.evidence, Figures.of(d))  # fmt: skip
     return True, state.record(entry)
@@ -374,6 +398,104 @@ def _lowering_held(state: TunerState) -> bool:
     )
 
 
+def _with_after(state: TunerState, pending: Pending, after: Figures) -> TunerState:
+    history = tuple(
+        replace(h, after_figures=after) if h.at == pending.at and h.kind == "applied" else h
+        for h in state.history
+    )
+    return replace(state, pending=None, history=history)
+
+
+def _verify_jump(pending: Pending, d: Diagnosis, state: TunerState, now: float) -> TunerState:
+    """The evaluation window after a predicted move: it bears the forecast out, or it is a miss (the value
+    is then unsafe if it preempted, and the next decision refits, or steps by measurement after two)."""
+    state = _with_after(state, pending, Figures.of(d))
+    forecast = state.prediction.forecast
+    if forecast is None:
+        return state
+    observed = d.preemptions or 0.0
+    why = judge(forecast, observed, d.window_seconds)
+    if why is None:
+        verdict = (
+            f"held: {observed:.0f} preemptions in {d.window_seconds:.0f} s at {forecast.value}, "
+            f"{forecast.preemptions_per_min:.1f}/min predicted"
+        )
+        return replace(state, prediction=replace(state.prediction, verdict=verdict, since=now))
+    if observed > 0:
+        state = _mark_unsafe(state, forecast.value, now)
+    return replace(state, prediction=state.prediction.missed(why))
+
+
+def _fit_impossible(window: Window, engine: EngineView) -> bool:
+    """No fit can come from waiting: the pool is unknown, or the engine exports no output lengths."""
+    return settings_of(engine) is None or window.histogram_latest(REQUEST_GENERATION_TOKENS) is None
+
+
+def _predictive(
+    window: Window, d: Diagnosis, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
+) -> tuple[Decision | None, TunerState, bool]:
+    """The predicted move: (a decision to return, or None to go on to the ladder; the state; whether a
+    forecast holds max_num_seqs where it is, so the ladder leaves that knob alone)."""
+    current = engine.max_num_seqs
+    if current is None:
+        return None, state, False
+    forecast = state.prediction.forecast
+    if forecast is not None and forecast.value == current and state.pending is None:
+        # the forecast in force: a window that contradicts it is a miss like the one after a jump
+        since = window.since(state.prediction.since)
+        observed, why = since.increase(PREEMPTIONS) or 0.0, None
+        if since.duration >= policy.evaluation_window_s:
+            why = judge(forecast, observed, since.duration)
+        if why is None:
+            return None, state, True
+        if observed:
+            state = _mark_unsafe(state, current, now)
+        state = replace(state, prediction=state.prediction.missed(why))
+        if state.prediction.stepping:
+            return None, state, False
+    recent = window.since(state.last_action_at)
+    limits = fit_limits(policy)
+    fit = fit_from_window(recent, engine, state.prediction.points, limits)
+    if isinstance(fit, Insufficient):
+        # a window shorter than the fit's least span is worth waiting for; beyond it, what the fit lacks
+        # (finished requests, a step to time) does not come with waiting, so measured stepping acts now
+        short = recent.duration < limits.min_seconds or len(recent.samples) < limits.min_scrapes
+        if _fit_impossible(window, engine) or not short:
+            verdict = f"no prediction, measured stepping meanwhile: {fit}"
+            return None, replace(state, prediction=replace(state.prediction, verdict=verdict)), False
+        return Decision(d, note=f"gathering a window to fit the workload ({fit})"), state, False
+    high = policy.max_max_num_seqs
+    if state.unsafe_max_num_seqs is not None:
+        high = min(high, state.unsafe_max_num_seqs - 1)
+    result = plan(fit, current, objective_of(policy), policy.min_max_num_seqs, max(1, high))
+    points = state.prediction.with_point(fit.operating_point)
+    if isinstance(result.outcome, NoForecast):
+        verdict = f"no prediction, measured stepping meanwhile: {result.outcome.reason}"
+        return (
+            None,
+            replace(state, prediction=replace(state.prediction, verdict=verdict, points=points)),
+            False,
+        )
+    forecast = result.outcome
+    state = replace(state, prediction=replace(state.prediction, forecast=forecast, points=points))
+    if forecast.value == current:
+        held = replace(
+            state.prediction, verdict=f"the value in force is the pick: {forecast.describe()}", since=now
+        )
+        return None, replace(state, prediction=held), True
+    advice = Advice(Remedy.PREDICT_MAX_NUM_SEQS, True, current, forecast.value,
+                    f"{forecast.describe()}; workload: {forecast.workload}")  # fmt: skip
+    if _can_apply(advice, engine, policy):
+        decision, state = _act(advice, "predict", d, state, now)
+        return replace(decision, note=f"predicted max_num_seqs {forecast.value}"), state, False
+    new, state = _report(advice, d, state, now)
+    return (
+        Decision(d, advice=(advice,) if new else (), note=f"predicted max_num_seqs {forecast.value}"),
+        state,
+        True,
+    )
+
+
 def decide(
     window: Window, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
 ) -> tuple[Decision, TunerState]:
@@ -396,27 +518,36 @@ def decide(
         d = diagnose(window.since(settled), engine)
         if now - settled < policy.evaluation_window_s or d.samples < 2:
             return Decision(d, note="evaluating the last change"), state
-        state, rollback = _evaluate(pending, d, policy, state, now)
-        if rollback is not None:
-            return Decision(d, (rollback,), note=rollback.reason), state
+        if pending.direction == "predict":
+            state = _verify_jump(pending, d, state, now)
+        else:
+            state, rollback = _evaluate(pending, d, policy, state, now)
+            if rollback is not None:
+                return Decision(d, (rollback,), note=rollback.reason), state
     if state.last_action_at is not None and now - state.last_action_at < policy.cooldown_s:
         return Decision(d, note="cooling down"), state
     if d.samples < 2 or d.preemption_rate is None:
         return Decision(d, note="waiting for a second sample"), state
     if d.status == "idle" or policy.mode is Mode.OBSERVE:
         return Decision(d, note=d.status if d.status == "idle" else "observe mode"), state
+    held = False  # a forecast holds max_num_seqs: the ladder leaves that knob alone
+    if policy.predict and not state.prediction.stepping:
+        predicted, state, held = _predictive(window, d, engine, policy, state, now)
+        if predicted is not None:
+            return predicted, state
+    holding = f"holding the predicted max_num_seqs ({state.prediction.verdict})" if held else ""
     if not d.preempting:
-        if _lowering_held(state):
+        if _lowering_held(state) and not held:
             probe = probe_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
             if probe.applicable and _can_apply(probe, engine, policy):
                 return _act(probe, "raise", d, state, now)
         up = raise_max_num_seqs(d, engine, policy, state.unsafe_max_num_seqs)
         # hysteresis: a raise needs two evaluation windows without a change, not one
         quiet = state.last_action_at is None or now - state.last_action_at >= 2 * policy.evaluation_window_s
-        if up.applicable and quiet and _can_apply(up, engine, policy):
+        if up.applicable and quiet and not held and _can_apply(up, engine, policy):
             return _act(up, "raise", d, state, now)
         if not d.saturated and not pool_binds(d, engine):
-            return Decision(d, note="stable"), state
+            return Decision(d, note=holding or "stable"), state
         if state.rung is None and d.window_seconds < policy.evaluation_window_s:
             # "no preemption" from a second or two of a full pool is a gap between bursts, not evidence: an
             # operator started on a preempting engine would flag the prefix before it ever capped
@@ -425,7 +556,7 @@ def decide(
             ), state
     raised: list[Advice] = []
     for remedy in LADDER:
-        if remedy in state.exhausted:
+        if remedy in state.exhausted or (held and remedy is Remedy.LOWER_MAX_NUM_SEQS):
             continue
         advice = _rung_advice(remedy, d, engine, policy, state)
         if not advice.applicable:
@@ -443,4 +574,6 @@ def decide(
         if d.preempting or d.saturated
         else ("the pool binds: requests wait for KV room" if pool_binds(d, engine) else "stable")
     )
+    if holding:
+        note = f"{holding}; {note}"
     return Decision(d, advice=tuple(raised), note=note), state

@@ -19,6 +19,7 @@ from typing import Any
 
 from kvtune.contract import metrics as m
 from kvtune.contract.prefix_report import report_url
+from kvtune.core.predict import NO_PREEMPTION, OBJECTIVES, Objective
 from kvtune.errors import KvtuneError
 from kvtune.operator.decide.diagnosis import Diagnosis, Finding, diagnose, no_data
 from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
@@ -28,6 +29,7 @@ from kvtune.operator.decide.ports import MetricSource
 from kvtune.operator.decide.sample import NoData, Sample
 from kvtune.operator.decide.window import Window, since_boot
 from kvtune.operator.doctor.admission import admission_advice
+from kvtune.operator.doctor.whatif import what_if_section, what_if_text
 from kvtune.operator.io.prefix_report import defeat_entries, entry_line, fetch_report
 from kvtune.operator.io.sources import (
     EngineWithProxy,
@@ -64,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --prometheus: diagnose the last DURATION (e.g. 1h, 30m, 1h30m) from range queries",
     )
     parser.add_argument("--window-seconds", type=float, default=10.0, help="span the samples cover")
-    parser.add_argument("--samples", type=int, default=2, help="samples taken across the window (>= 2)")
+    parser.add_argument("--samples", type=int, default=6,
+                        help="samples taken across the window (>= 2; the what-if fit needs 3 over 5 s)")  # fmt: skip
     parser.add_argument(
         "--max-num-seqs", type=int, help="the engine's max_num_seqs, when its metrics lack it"
     )
@@ -74,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap-floor", type=int, default=TuningPolicy.cap_floor)
     parser.add_argument("--min-max-num-seqs", type=int, default=TuningPolicy.min_max_num_seqs)
     parser.add_argument("--shared-prefix-tokens", type=int, default=0, help="the workload's shared prefix")
+    parser.add_argument("--objective", choices=OBJECTIVES, default=NO_PREEMPTION,
+                        help="the what-if table's recommendation: NoPreemption, or Goodput under --p95-wait-bound")  # fmt: skip
+    parser.add_argument("--p95-wait-bound", type=float, metavar="SECONDS",
+                        help="Goodput's bound on the predicted p95 queue wait")  # fmt: skip
+    parser.add_argument("--round-to", type=int, default=1,
+                        help="max_num_seqs in multiples of this (8 for vLLM on CUDA: its CUDA graphs)")  # fmt: skip
+    parser.add_argument("--no-what-if", action="store_true", help="skip the what-if table")
 
 
 def parse_duration(text: str) -> float:
@@ -205,6 +215,7 @@ def report(
     basis: str = WINDOW,
     since_boot_seconds: float | None = None,
     admission_flag: dict[str, Any] | None = None,
+    what_if: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     gen = d.generation_len
     return {
@@ -242,6 +253,7 @@ def report(
         },
         "remedies": [advice.as_json() for advice in remedies],
         "prefix_report": prefix_report,
+        "what_if": what_if,
     }
 
 
@@ -294,6 +306,7 @@ def format_text(data: dict[str, Any]) -> str:
             what = "not applicable"
         lines.append(f"  {i}. {remedy['remedy']}: {what}")
         lines.append(f"      {remedy['evidence']}")
+    lines.extend(what_if_text(data.get("what_if")))
     return "\n".join(lines)
 
 
@@ -332,6 +345,7 @@ def run(args: argparse.Namespace) -> int:
             min_max_num_seqs=args.min_max_num_seqs,
             shared_prefix_tokens=args.shared_prefix_tokens,
         )
+        objective = Objective(args.objective, args.p95_wait_bound, round_to=args.round_to)
     except ValueError as err:
         raise KvtuneError(str(err)) from None
     samples: list[Sample]
@@ -356,8 +370,11 @@ def run(args: argparse.Namespace) -> int:
     prefix = prefix_report_section(d, front) if front and samples else None
     remedies = plan(d, engine, policy)
     admission = admission_advice(args.metrics_url, samples[-1] if samples else None)
+    what_if = None
+    if not args.no_what_if and samples and found_out.basis != SINCE_BOOT:
+        what_if = what_if_section(samples, engine, objective)
     data = report(
-        d, engine, remedies, where, prefix, found_out.basis, found_out.since_boot_seconds, admission
+        d, engine, remedies, where, prefix, found_out.basis, found_out.since_boot_seconds, admission, what_if
     )
     print(json.dumps(data, indent=2) if args.json else format_text(data))
     return 1 if d.status == "no_data" else 0

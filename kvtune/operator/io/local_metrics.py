@@ -58,6 +58,7 @@ class LocalRecorder:
         self.memory.conditions = {c.type: c for c in recorded.conditions}
         self.memory.recommended = recorded.recommended
         errors = (ERROR_PROXY_METRICS,) if proxy_problem else ()
+        objective = self.policy.objective if self.policy.predict else None
         evaluation = evaluation_of(previous, tick, condition_states(recorded.conditions),
-                                   recommended_knobs(self.memory.recommended), errors)  # fmt: skip
+                                   recommended_knobs(self.memory.recommended), errors, objective)  # fmt: skip
         self.metrics.record(LOCAL_NAMESPACE, self.name, replace(evaluation, interval_s=self.interval_s))

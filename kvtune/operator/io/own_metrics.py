@@ -24,12 +24,15 @@ from prometheus_client.metrics_core import Metric
 
 from kvtune import __version__
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.decide.ladder import LADDER
+from kvtune.core.predict import OBJECTIVES
+from kvtune.operator.decide.ladder import LADDER, Remedy
 from kvtune.operator.decide.loop import Tick
 from kvtune.operator.decide.status import CONDITION_TYPES
 from kvtune.operator.decide.tuner import TunerState
 
 DEFAULT_PORT = 9100
+# the actions counter's remedies: the ladder's rungs and the what-if model's predicted move
+REMEDIES = (*LADDER, Remedy.PREDICT_MAX_NUM_SEQS)
 KNOBS = (KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP)
 ACTION_RESULTS = ("applied", "recommended", "failed", "rolled_back", "undone")
 # a history entry's kind -> the actions counter's result (a flag is advice, like a recommendation)
@@ -77,6 +80,12 @@ class Evaluation:
         str, ...
     ] = ()  # series dropped as impossible this tick (exposed names, as the doctor says)
     alternated: bool = False  # the metrics source answered from another process this tick
+    # issue 28: the forecast at the value in force and the window's observed rate, per minute (None: no
+    # forecast for this value, or no rate yet); the misses; the objective in force (None: prediction off)
+    predicted_preemptions_per_min: float | None = None
+    observed_preemptions_per_min: float | None = None
+    prediction_misses: int | None = None
+    objective: str | None = None
 
 
 def actions_of(previous: TunerState, tick: Tick) -> tuple[tuple[str, str], ...]:
@@ -108,6 +117,7 @@ def evaluation_of(
     conditions: Mapping[str, bool | None],
     recommended: Mapping[str, int | None],
     errors: tuple[str, ...] = (),
+    objective: str | None = None,
 ) -> Evaluation:
     """The metrics' view of a tick. `recommended` holds the knobs the operator advises now; a knob it does
     not name is advised at its current value (nothing to change), so current and recommended lines meet
@@ -124,8 +134,18 @@ def evaluation_of(
     advised = {knob: recommended.get(knob, current[knob]) for knob in KNOBS}
     if advised[KNOB_MAX_TOKENS_CAP] is None:
         advised[KNOB_MAX_TOKENS_CAP] = 0
+    prediction = tick.state.prediction
+    forecast = prediction.forecast
+    predicted = (
+        forecast.preemptions_per_min
+        if forecast is not None and forecast.value == engine.max_num_seqs
+        else None
+    )
+    observed = d.preemption_rate * 60 if d.preemption_rate is not None else None
     return replace(base, current=current, recommended=advised, conditions=conditions,
-                   ceiling_real=d.real_concurrency_ceiling, ceiling_boot_line=d.boot_line_concurrency)  # fmt: skip
+                   ceiling_real=d.real_concurrency_ceiling, ceiling_boot_line=d.boot_line_concurrency,
+                   predicted_preemptions_per_min=predicted, observed_preemptions_per_min=observed,
+                   prediction_misses=prediction.misses, objective=objective)  # fmt: skip
 
 
 class OperatorMetrics:
@@ -167,6 +187,14 @@ class OperatorMetrics:
                                ["namespace", "policy"], registry=r)  # fmt: skip
         self.rollbacks = Counter("kvtune_operator_rollbacks", "Changes the operator rolled back",
                                  ["namespace", "policy"], registry=r)  # fmt: skip
+        self.preemptions = Gauge("kvtune_operator_preemptions_per_minute", "Preemptions per minute at the "
+                                 "max_num_seqs in force: predicted by the what-if model (absent without a "
+                                 "forecast for that value) and observed over the last window",
+                                 ["namespace", "policy", "kind"], registry=r)  # fmt: skip
+        self.misses = Gauge("kvtune_operator_prediction_misses", "Forecasts an evaluation window contradicted "
+                            "(two: measured stepping)", ["namespace", "policy"], registry=r)  # fmt: skip
+        self.objective = Gauge("kvtune_operator_objective", "The objective in force (1 on its label; absent "
+                               "with prediction off)", ["namespace", "policy", "objective"], registry=r)  # fmt: skip
         self.corrupt = Gauge("kvtune_operator_corrupt_series", "1 for each engine series the last evaluation "
                              "dropped as impossible (NaN, infinite, a negative counter, ...): never used as a "
                              "figure", ["namespace", "policy", "series"], registry=r)  # fmt: skip
@@ -184,7 +212,7 @@ class OperatorMetrics:
         self.alternations.labels(namespace, policy)
         for kind in ERROR_KINDS:
             self.errors.labels(namespace, policy, kind)
-        for remedy in LADDER:
+        for remedy in REMEDIES:
             for result in ACTION_RESULTS:
                 self.actions.labels(namespace, policy, remedy.value, result)
 
@@ -222,6 +250,17 @@ class OperatorMetrics:
                 self._set(self.condition, (namespace, policy, kind), None if state is None else float(state))
             self._set(self.ceiling, (namespace, policy, "real"), evaluation.ceiling_real)
             self._set(self.ceiling, (namespace, policy, "boot_line"), evaluation.ceiling_boot_line)
+            predicted, observed = (
+                evaluation.predicted_preemptions_per_min,
+                evaluation.observed_preemptions_per_min,
+            )
+            self._set(self.preemptions, (namespace, policy, "predicted"), predicted)
+            self._set(self.preemptions, (namespace, policy, "observed"), observed)
+            self._set(self.misses, (namespace, policy), evaluation.prediction_misses)
+            for name in OBJECTIVES:
+                self._set(
+                    self.objective, (namespace, policy, name), 1.0 if evaluation.objective == name else None
+                )
 
     def record_error(self, namespace: str, policy: str, kind: str) -> None:
         """An error that stopped an evaluation before it produced an Evaluation."""
@@ -232,7 +271,7 @@ class OperatorMetrics:
     def forget(self, namespace: str, policy: str) -> None:
         """Drop every series of a policy that is gone (a deleted KVTuningPolicy), rather than leave its
         last values standing."""
-        remedies = [remedy.value for remedy in LADDER]
+        remedies = [remedy.value for remedy in REMEDIES]
         children: list[tuple[Counter | Gauge, tuple[str, ...]]] = [
             (self.last_evaluation, ()), (self.interval, ()), (self.rung, ()), (self.no_data, ()),
             (self.rollbacks, ()), (self.alternations, ()),
@@ -242,6 +281,8 @@ class OperatorMetrics:
             *[(self.condition, (kind,)) for kind in CONDITIONS],
             *[(self.ceiling, (kind,)) for kind in ("real", "boot_line")],
             *[(self.errors, (kind,)) for kind in ERROR_KINDS],
+            *[(self.preemptions, (kind,)) for kind in ("predicted", "observed")], (self.misses, ()),
+            *[(self.objective, (name,)) for name in OBJECTIVES],
         ]  # fmt: skip
         with self._lock:
             corrupt = self._corrupt_seen.pop((namespace, policy), ())

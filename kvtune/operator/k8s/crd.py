@@ -12,9 +12,12 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from kvtune.core.objectives import default_round_to
+from kvtune.core.predict import Forecast
 from kvtune.operator.decide.admission_flag import AdmissionFlagChoice
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.prediction import PredictionState
 from kvtune.operator.decide.status import ConditionState, ConditionStatus, ConditionType
 from kvtune.operator.decide.tuner import HISTORY_LIMIT, Figures, HistoryEntry, Pending, TunerState
 
@@ -28,8 +31,11 @@ SHORT_NAMES = ("kvtp",)
 EngineType = Literal["kvtune", "vllm", "sglang"]
 ModeName = Literal["Observe", "Recommend", "Apply"]
 HistoryKind = Literal["applied", "rolled_back", "recommended", "flagged", "undone"]
-Direction = Literal["cap", "lower", "raise"]
-RemedyName = Literal["cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv"]
+Direction = Literal["cap", "lower", "raise", "predict"]
+RemedyName = Literal[
+    "cap_max_tokens", "lower_max_num_seqs", "flag_prefix_defeat", "recommend_fp8_kv", "predict_max_num_seqs"
+]
+ObjectiveName = Literal["NoPreemption", "Goodput"]
 KnobValue = Annotated[int | str | None, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 
@@ -268,6 +274,10 @@ class KVTuningPolicySpec(CamelModel):
                 "use prometheus",
             ),
             (
+                "self.objective != 'Goodput' || has(self.p95QueueWaitBoundSeconds)",
+                "the Goodput objective needs p95QueueWaitBoundSeconds",
+            ),
+            (
                 "self.target.engine != 'kvtune' || has(self.target.podEndpoints) || !has(self.metrics) || "
                 "!has(self.metrics.prometheus) || !has(self.metrics.prometheus.byPod) || "
                 "!self.metrics.prometheus.byPod",
@@ -288,6 +298,36 @@ class KVTuningPolicySpec(CamelModel):
     max_step: int = Field(TuningPolicy.max_step, ge=1, description="largest max_num_seqs change at once")
     allow_fp8: bool = Field(False, alias="allowFP8", description="apply FP8 KV (accuracy caveat)")
     shared_prefix_tokens: int = Field(0, ge=0, description="declared shared prompt prefix (0: none)")
+    prediction: bool = Field(
+        True,
+        description="fit the live workload and move max_num_seqs to the what-if model's pick in one step, "
+        "verified in one evaluation window (measured stepping after two misses); false: measured stepping only",
+    )
+    objective: ObjectiveName = Field(
+        "NoPreemption",
+        description="NoPreemption: the largest max_num_seqs predicted never to preempt. Goodput: the highest "
+        "predicted goodput whose p95 queue wait stays within p95QueueWaitBoundSeconds, preempting or not",
+    )
+    p95_queue_wait_bound_seconds: float | None = Field(
+        None, ge=0.001, description="Goodput's latency bound: the p95 time a request waits to be admitted"
+    )
+    round_to: int | None = Field(
+        None,
+        ge=1,
+        description="max_num_seqs moves in multiples of this. Unset: 8 for vllm (its CUDA graphs are captured "
+        "for batch sizes in multiples of 8; vLLM #57355), 1 elsewhere; set 1 for vLLM's CPU build",
+    )
+
+    @model_validator(mode="after")
+    def _goodput_needs_a_bound(self) -> KVTuningPolicySpec:
+        if self.objective == "Goodput" and self.p95_queue_wait_bound_seconds is None:
+            raise ValueError("the Goodput objective needs p95QueueWaitBoundSeconds")
+        return self
+
+    def resolved_round_to(self) -> int:
+        if self.round_to is not None:
+            return self.round_to
+        return default_round_to(self.target.engine, "cuda" if self.target.engine == "vllm" else "cpu")
 
     @model_validator(mode="after")
     def _where_pods_are_read(self) -> KVTuningPolicySpec:
@@ -316,6 +356,10 @@ class KVTuningPolicySpec(CamelModel):
             max_step=self.max_step,
             allow_fp8=self.allow_fp8,
             shared_prefix_tokens=self.shared_prefix_tokens,
+            predict=self.prediction,
+            objective=self.objective,
+            p95_wait_bound_s=self.p95_queue_wait_bound_seconds,
+            round_to=self.resolved_round_to(),
         )
 
 
@@ -485,6 +529,70 @@ class TunerStateModel(CamelModel):
     reported: list[str] = Field(default_factory=list)
 
 
+class ForecastModel(CamelModel):
+    """A prediction the tuner acted on (or held): the value, what the what-if model predicts there and at
+    the value that was in force, and the fitted workload it came from."""
+
+    max_num_seqs: int
+    predicted_preemptions_per_minute: float
+    predicted_goodput: float = Field(description="generated tokens per second")
+    predicted_p95_queue_wait_seconds: float
+    from_max_num_seqs: int
+    from_predicted_preemptions_per_minute: float
+    from_predicted_goodput: float
+    objective: ObjectiveName
+    reason: str = ""
+    workload: str = Field("", description="the fitted workload in one line")
+
+    @staticmethod
+    def of(f: Forecast) -> ForecastModel:
+        return ForecastModel(
+            max_num_seqs=f.value, predicted_preemptions_per_minute=f.preemptions_per_min,
+            predicted_goodput=f.goodput, predicted_p95_queue_wait_seconds=f.p95_wait_s,
+            from_max_num_seqs=f.current, from_predicted_preemptions_per_minute=f.current_preemptions_per_min,
+            from_predicted_goodput=f.current_goodput, objective=cast(ObjectiveName, f.objective),
+            reason=f.reason, workload=f.workload,
+        )  # fmt: skip
+
+    def forecast(self) -> Forecast:
+        return Forecast(
+            self.max_num_seqs, self.predicted_preemptions_per_minute, self.predicted_goodput,
+            self.predicted_p95_queue_wait_seconds, self.from_max_num_seqs,
+            self.from_predicted_preemptions_per_minute, self.from_predicted_goodput, self.objective,
+            self.reason, self.workload,
+        )  # fmt: skip
+
+
+class PredictionStatus(CamelModel):
+    """The predicted move: the objective in force, the forecast, what the window after it showed, and
+    whether the tuner fell back to measured stepping."""
+
+    objective: str = Field(description="the objective in force, with its bound or risk margin")
+    round_to: int
+    forecast: ForecastModel | None = None
+    verdict: str | None = Field(None, description="what the evaluation window said of the forecast")
+    misses: int = Field(0, ge=0)
+    stepping: bool = Field(False, description="two misses: measured stepping from then on")
+    observed_preemptions_per_minute: float | None = Field(
+        None, description="at the last evaluation, over its window"
+    )
+    since: float | None = Field(None, description="epoch seconds the forecast's own evidence starts")
+
+    @staticmethod
+    def of(p: PredictionState, objective: str, round_to: int, observed: float | None) -> PredictionStatus:
+        return PredictionStatus(
+            objective=objective, round_to=round_to,
+            forecast=ForecastModel.of(p.forecast) if p.forecast else None, verdict=p.verdict,
+            misses=p.misses, stepping=p.stepping, observed_preemptions_per_minute=observed, since=p.since,
+        )  # fmt: skip
+
+    def state(self) -> PredictionState:
+        return PredictionState(
+            self.forecast.forecast() if self.forecast else None, self.verdict, self.misses, self.stepping,
+            (), self.since,
+        )  # fmt: skip
+
+
 POD_STATUS_LIMIT = 32  # status.pods keeps the worst pods first; a large workload's healthy tail is left out
 
 
@@ -557,6 +665,7 @@ class KVTuningPolicyStatus(CamelModel):
     workload: WorkloadWatch | None = Field(
         None, description="vllm / sglang: the rollout awaited and the reverts seen of the operator's patches"
     )
+    prediction: PredictionStatus | None = None
 
 
 class KVTuningPolicy(CamelModel):
@@ -619,4 +728,5 @@ def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
         reported=frozenset(saved.reported),
         history=tuple(item.entry() for item in status.history)[-HISTORY_LIMIT:],
         desired=status.desired.pairs() if status.desired else (),
+        prediction=status.prediction.state() if status.prediction else PredictionState(),
     )  # fmt: skip

@@ -20,6 +20,7 @@ from kvtune.operator.decide.mode_ceiling import ModeDecision, effective_mode
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.pooling import PodEvidence, PoolState, worst_pod_line
 from kvtune.operator.decide.ports import Actuator
+from kvtune.operator.decide.prediction import PredictionState, objective_of
 from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.status import (
     CONDITION_TYPES,
@@ -50,6 +51,7 @@ from kvtune.operator.k8s.crd import (
     KVTuningPolicyStatus,
     OriginalValues,
     PodStatus,
+    PredictionStatus,
     UndoStatus,
     WorkloadWatch,
     state_from_status,
@@ -318,6 +320,30 @@ def waiting(
     return Outcome(tick, status, tuple(events), evaluation)
 
 
+def prediction_events(before: PredictionState, after: PredictionState) -> list[EventSpec]:
+    """An Event for each new verdict on a forecast, and one when the tuner falls back to measured stepping."""
+    events: list[EventSpec] = []
+    if after.verdict and after.verdict != before.verdict:
+        if after.verdict.startswith("held"):
+            events.append(EventSpec("Normal", "PredictionHeld", after.verdict))
+        elif after.verdict.startswith("missed"):
+            events.append(EventSpec("Warning", "PredictionMissed", after.verdict))
+    if after.stepping and not before.stepping:
+        events.append(EventSpec("Warning", "PredictionFallback",
+                                "two predictions missed on this workload: measured stepping from now on"))  # fmt: skip
+    return events
+
+
+def prediction_status(policy: TuningPolicy, tick: Tick) -> PredictionStatus | None:
+    if not policy.predict:
+        return None
+    rate = tick.decision.diagnosis.preemption_rate if tick.decision is not None else None
+    return PredictionStatus.of(
+        tick.state.prediction, objective_of(policy).describe(), policy.round_to,
+        rate * 60 if rate is not None else None,
+    )  # fmt: skip
+
+
 def evaluate(
     api: KubeApi,
     policy_ref: PolicyRef,
@@ -411,6 +437,7 @@ def evaluate(
                                 "the metrics source has answered from one process long enough: tuning resumes"))  # fmt: skip
     if tick.no_data is None:
         memory.alternating = tick.holding is not None
+    events += prediction_events(previous.prediction, tick.state.prediction)
     if tick.no_data and not memory.no_data:
         events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
     memory.no_data = tick.no_data is not None
@@ -435,7 +462,8 @@ def evaluate(
     tuner, history = state_to_status(tick.state)
     errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
-                               recommended_knobs(memory.recommended), errors)  # fmt: skip
+                               recommended_knobs(memory.recommended), errors,
+                               policy.objective if policy.predict else None)  # fmt: skip
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
     if corrupt:
         note = f"{note}; corrupt metrics, dropped: {corrupt_text(corrupt)}"
@@ -458,6 +486,7 @@ def evaluate(
         original=OriginalValues.of(memory.original),
         undo=memory.undo,
         workload=memory.watch if args is not None else None,
+        prediction=prediction_status(policy, tick),
     )
     return Outcome(tick, status, tuple(events), evaluation)
 

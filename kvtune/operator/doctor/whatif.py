@@ -1,0 +1,96 @@
+"""The doctor's what-if table: the workload fitted from the samples the doctor took (or from Prometheus'
+look-back with --since), every candidate max_num_seqs simulated over it, and both objectives' picks, the
+one in force marked as the recommendation (`kvtune.core.predict`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from kvtune.core.objectives import goodput, no_preemption
+from kvtune.core.predict import GOODPUT, Forecast, Objective, plan, table_lines
+from kvtune.core.whatif import Prediction
+from kvtune.core.workload_fit import Insufficient
+from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.fit_window import fit_from_window
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.window import Window
+
+
+def _row(p: Prediction, marks: dict[int, str], current: int) -> dict[str, Any]:
+    value = p.candidate.max_num_seqs
+    return {
+        "max_num_seqs": value,
+        "predicted_preemptions_per_min": p.preemptions_per_min,
+        "predicted_goodput_tokens_per_s": p.goodput,
+        "predicted_p95_queue_wait_s": p.p95_queue_wait_s,
+        "peak_kv_usage": p.peak_kv_usage,
+        "pick": marks.get(value),
+        "in_force": value == current,
+    }
+
+
+def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Objective) -> dict[str, Any]:
+    """The what-if data for the report: the fit in one line, the rows, the picks, or why there is none."""
+    if engine.max_num_seqs is None:
+        return {"insufficient": "the engine's max_num_seqs is unknown (pass --max-num-seqs)"}
+    fit = fit_from_window(Window.of(samples), engine)
+    if isinstance(fit, Insufficient):
+        return {"insufficient": str(fit)}
+    current = engine.max_num_seqs
+    result = plan(fit, current, objective)
+    rows = list(result.table)
+    if all(p.candidate.max_num_seqs != current for p in rows):
+        rows = sorted([*rows, result.current], key=lambda p: p.candidate.max_num_seqs)
+    safe = no_preemption(rows, objective.risk_margin, objective.round_to)
+    bound = objective.p95_wait_bound_s if objective.name == GOODPUT else math.inf
+    best = goodput(rows, bound if bound is not None else math.inf, objective.round_to)
+    marks: dict[int, str] = {}
+    for pick, label in ((best, "Goodput pick"), (safe, "NoPreemption pick")):
+        if pick.max_num_seqs is not None:
+            marks[pick.max_num_seqs] = (
+                f"{marks[pick.max_num_seqs]}, {label}" if pick.max_num_seqs in marks else label
+            )
+    outcome = result.outcome
+    recommended = outcome.value if isinstance(outcome, Forecast) else None
+    if recommended is not None:
+        marks[recommended] = f"{marks.get(recommended, '')} (recommended)".strip()
+    return {
+        "workload": fit.summary(),
+        "confidence": fit.confidence,
+        "objective": objective.describe(),
+        "round_to": objective.round_to,
+        "current": _row(result.current, {}, current),
+        "observed_preemptions_per_min": fit.observed.preemptions_per_min,
+        "observed_goodput_tokens_per_s": fit.observed.goodput,
+        "candidates": [_row(p, marks, current) for p in rows],
+        "recommended": recommended,
+        "reason": outcome.reason,
+        "no_preemption_pick": safe.max_num_seqs,
+        "goodput_pick": best.max_num_seqs,
+        "table": table_lines(rows, current, marks),
+    }
+
+
+def what_if_text(section: dict[str, Any] | None) -> list[str]:
+    if section is None:
+        return []
+    if "insufficient" in section:
+        return ["What-if: no table", f"      {section['insufficient']}"]
+    current = section["current"]
+    lines = [
+        f"What-if ({section['objective']} in force; max_num_seqs in multiples of {section['round_to']})",
+        f"  fitted workload: {section['workload']}",
+        f"  at max_num_seqs {current['max_num_seqs']} (in force): predicted "
+        f"{current['predicted_preemptions_per_min']:.1f} preemptions/min, observed "
+        f"{section['observed_preemptions_per_min']:.1f}; goodput predicted "
+        f"{current['predicted_goodput_tokens_per_s']:.0f}, observed {section['observed_goodput_tokens_per_s']:.0f} "
+        "tokens/s",
+        *(f"  {line}" for line in section["table"]),
+    ]
+    if section["recommended"] is not None:
+        lines.append(f"  recommendation: max_num_seqs {section['recommended']}: {section['reason']}")
+    else:
+        lines.append(f"  no recommendation: {section['reason']}")
+    return lines

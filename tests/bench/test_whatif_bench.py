@@ -1,0 +1,120 @@
+"""The what-if benchmark's bookkeeping: its random workloads, vLLM's buckets from kvtune's, a stored window
+read back, and how a prediction is compared with what was observed."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+
+from kvtune.bench.whatif import Compared, compare, named_workloads, random_workloads, shape_errors
+from kvtune.bench.whatif_window import VLLM_SIZE_BOUNDS, coarsen, window_from_json
+from kvtune.core.bucketed_lengths import Buckets
+from kvtune.core.whatif import Candidate, Prediction
+from kvtune.core.workload_fit import fit_workload
+from kvtune.engine.http.metrics import size_buckets
+from tests.core.workloads import histogram, uniform_lengths, window
+
+
+def test_random_workloads_spread_over_pool_ratio_and_shape_and_are_seeded() -> None:
+    found = random_workloads(28)
+    assert found == random_workloads(28) and found != random_workloads(29)
+    ratios = sorted(w.ratio for w in found)
+    shares = sorted(w.prompt_share for w in found)
+    assert (
+        3 <= ratios[0] < 3 * (20 / 3) ** (1 / 3) <= ratios[1] < 3 * (20 / 3) ** (2 / 3) <= ratios[2] <= 20.5
+    )
+    assert shares[0] < 0.4 and 0.4 <= shares[1] < 0.6 and shares[2] >= 0.6  # output-heavy to prompt-heavy
+    for w in found:
+        assert w.clients > w.ratio  # over-subscribed: max_num_seqs binds
+        assert w.kv_cache_tokens >= w.prompt_len[1] + w.output_len[1]  # every request fits the pool alone
+        assert min(w.sweep) < w.ratio < max(w.sweep)
+        assert w.prompt_len[1] + w.output_len[1] <= 4096  # the tiny model's context
+
+
+def test_the_issue_workload_is_among_the_named_ones() -> None:
+    issue = named_workloads()["issue-28"]
+    assert (issue.kv_cache_tokens, issue.clients, issue.prompt_len, issue.output_len) == (
+        10240,
+        40,
+        (600, 1400),
+        (40, 400),
+    )
+    assert issue.ratio == pytest.approx(8.4, abs=0.05)
+
+
+def test_kvtune_buckets_coarsen_to_vllms_within_half_a_percent() -> None:
+    values = uniform_lengths(1, 500, (1, 3000))
+    fine = histogram(values, size_buckets(4096))
+    coarse = coarsen(fine)
+    assert coarse is not None
+    exact = histogram(values, [b for b in VLLM_SIZE_BOUNDS if b <= 4096])
+    for (bound, got), (same, want) in zip(coarse.cumulative, exact.cumulative, strict=True):
+        assert bound == same
+        assert got == pytest.approx(want, rel=0.01, abs=2)  # 500 read at 501, 2000 at 1995
+    assert (coarse.count, coarse.total) == (fine.count, fine.total)
+    with pytest.raises(ValueError, match="no bound near"):
+        coarsen(Buckets(((3.0, 1.0), (7.0, 2.0), (math.inf, 2.0)), 2.0, 10.0))
+
+
+def test_a_stored_window_reads_back_to_the_same_fit() -> None:
+    original = window(uniform_lengths(1, 200, (200, 400)), uniform_lengths(2, 200, (100, 200)))
+    stored = json.loads(json.dumps(asdict(original)))
+    assert window_from_json(stored) == original
+    assert fit_workload(window_from_json(stored)) == fit_workload(original)
+
+
+def _result(prediction: Prediction, observed: float, seen_goodput: float) -> dict[str, object]:
+    windows = {"max_num_seqs": 8, "seconds": 6.0, "goodput": seen_goodput, "per_cpu_s": 2 * seen_goodput,
+               "preemptions": observed / 2}  # fmt: skip
+    return {
+        "predicted": [asdict(prediction)],
+        "fit_cpu_share": 0.5,
+        "rising": [windows],
+        "falling": [windows],
+    }
+
+
+def _prediction(preemption_steps: tuple[int, ...]) -> Prediction:
+    """1,000 measured steps at 10 tokens a step and 1,000 tokens/s: 100 steps a second."""
+    return Prediction(Candidate(8), len(preemption_steps), len(preemption_steps) * 6.0, 1000.0, 1.0, 10.0, 1.0,
+                      10.0, 100, steps=1000, tokens=10_000, preemption_steps=preemption_steps)  # fmt: skip
+
+
+def test_a_prediction_is_judged_in_steps_of_its_run_with_its_own_bursts() -> None:
+    """A machine twice as slow in the windows halves the steps they span; a burst of preemptions leaves
+    most windows clear, which a rate would hide."""
+    burst = _prediction(tuple(range(500, 510)))  # ten preemptions, all within ten steps
+    (row,) = compare(_result(burst, observed=0, seen_goodput=500.0))
+    assert isinstance(row, Compared)
+    # each 6 s window at 500 tokens/s spans 300 steps; those starting at 201..509 (309 of 701) hold the burst
+    assert row.chance == pytest.approx(1 - (1 - 309 / 701) ** 2)
+    assert row.expected_in_span == pytest.approx(10 / 10_000 * 6_000)  # 6 expected, yet ...
+    assert row.chance > 0.5 and not row.agrees  # ... zero seen where one was more likely than not
+    spread = _prediction((100, 900))
+    (calm,) = compare(_result(spread, observed=0, seen_goodput=100.0))  # 60-step windows
+    assert calm.chance < 0.5 and calm.agrees and not calm.agrees_plain
+    assert calm.goodput_error == pytest.approx(9.0)
+    assert calm.per_cpu_error == pytest.approx(1000 / 0.5 / 200 - 1)
+    clean = _prediction(())
+    assert compare(_result(clean, observed=0, seen_goodput=500.0))[0].agrees
+    assert not compare(_result(clean, observed=3, seen_goodput=500.0))[0].agrees
+
+
+def test_the_chance_of_a_preemption_counts_window_positions() -> None:
+    prediction = _prediction((10, 11, 500))
+    assert prediction.chance_of_preemption(1) == pytest.approx(3 / 1000)
+    # windows of 100: those starting at 0..11 or 401..500 hold one (112 of 901 positions)
+    assert prediction.chance_of_preemption(100) == pytest.approx(112 / 901)
+    assert prediction.chance_of_preemption(2000) == pytest.approx(1 - math.exp(-3 / 1000 * 2000))
+    assert _prediction(()).chance_of_preemption(100) == 0.0
+
+
+def test_the_shape_error_divides_out_a_common_scale() -> None:
+    def row(predicted: float, observed: float) -> Compared:
+        return Compared(8, 0.0, 0.0, 0.0, 0.0, 12.0, predicted, observed, predicted, observed)
+
+    rows = [row(1300, 1000), row(1300, 1000), row(1430, 1000)]  # 30% high everywhere, one 10% more
+    assert [round(e, 6) for e in shape_errors(rows)] == [0.0, 0.0, 0.1]
