@@ -27,7 +27,7 @@ def packing_pays(device_type: str, dtype: torch.dtype, flags: frozenset[str]) ->
         device_type == "cpu"
         and dtype == torch.bfloat16
         and bool(flags & NATIVE_BF16_FLAGS)
-        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
     )
 
 
