@@ -42,6 +42,10 @@ from kvtune.errors import KvtuneError
 INCLUDE_DIR = Path(__file__).parent / "csrc"  # paged_attention_common.h, shared with the benchmark's probes
 SOURCE = INCLUDE_DIR / "paged_attention_cpu.cpp"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+MODEL_OPS_SOURCE = INCLUDE_DIR / "model_ops_cpu.cpp"
+# Flags of one source only: the model's fused ops must round each product and sum as torch does (no fused
+# multiply-add).
+SOURCE_FLAGS: dict[str, tuple[str, ...]] = {MODEL_OPS_SOURCE.name: ("-ffp-contract=off",)}
 # Extra flags of each ISA variant, and the CPU flags (as /proc/cpuinfo names them) it needs to run.
 ISA_FLAGS: dict[str, tuple[str, ...]] = {"native": (), "avx2": ("-mno-avx512f",)}
 ISA_NEEDS: dict[str, frozenset[str]] = {"native": frozenset(), "avx2": frozenset({"avx2", "fma"})}
@@ -95,10 +99,14 @@ def runnable_isas() -> list[str]:
     return [isa for isa, needs in ISA_NEEDS.items() if needs <= flags]
 
 
+def _flags(source: Path, isa: str) -> tuple[str, ...]:
+    return (*FLAGS, *SOURCE_FLAGS.get(source.name, ()), *ISA_FLAGS[isa])
+
+
 def library_path(compiler: str, source: Path = SOURCE, isa: str = "native") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     headers = [header.read_text() for header in sorted(INCLUDE_DIR.glob("*.h"))]
-    flags = " ".join((*FLAGS, *ISA_FLAGS[isa]))
+    flags = " ".join(_flags(source, isa))
     key = hashlib.sha256(
         "\n".join([source.read_text(), *headers, flags, version, _cpu_model()]).encode()
     ).hexdigest()[:16]
@@ -118,7 +126,7 @@ def build(source: Path = SOURCE, isa: str = "native") -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         partial = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, *ISA_FLAGS[isa], f"-I{INCLUDE_DIR}", str(source), "-o", str(partial)],
+            [compiler, *_flags(source, isa), f"-I{INCLUDE_DIR}", str(source), "-o", str(partial)],
             capture_output=True,
             text=True,
             check=False,
