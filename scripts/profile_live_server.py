@@ -7,8 +7,9 @@ It starts `kvtune serve` exactly as `kvtune bench engine` does (the same flags, 
 through this file, which first wraps the engine's stages in timers; then it sends the benchmark's batch
 (`run_batch`, the same request bodies), stops the server and prints where the engine thread's time went:
 - each step's stages: scheduler, batch building, the linear layers, the attention kernels (decode and
-  prefill calls apart), the KV write, the rest of the model's ops (norms, RoPE, SiLU, residuals, casts,
-  their dispatch), sampling, output append and detokenizing, and the Python rest of the step;
+  prefill calls apart), the KV write (with RoPE where the fused CPU ops run), the fused norms and SiLU,
+  the rest of the model's ops (the torch norms, RoPE, SiLU, residuals, casts, their dispatch), sampling,
+  output append and detokenizing, and the Python rest of the step;
 - the same time split between decode, first prefill and recompute (prefill chunks of a request that was
   preempted): the decode kernel's time is decode's; the prefill kernel's is split between prefill and
   recompute chunks by their query-key pairs (the kernel's work); the linears, the other model ops, the KV
@@ -33,8 +34,8 @@ import time
 from pathlib import Path
 
 STAGES = (
-    "schedule", "build_batch", "linears", "attn_decode", "attn_prefill", "kv_write", "other_model_ops",
-    "sample", "append", "python_rest",
+    "schedule", "build_batch", "linears", "attn_decode", "attn_prefill", "kv_write", "fused_norm_silu",
+    "other_model_ops", "sample", "append", "python_rest",
 )  # fmt: skip
 
 
@@ -47,6 +48,12 @@ def serve_with_timers(out_path: Path, serve_argv: list[str]) -> int:
     import kvtune.kernels.cpu_backend as cpu_backend
     from kvtune.cli import main
     from kvtune.engine_sidecar.widened_linear import WidenedLinear
+
+    try:  # the fused ops and packed linears exist from issue 29 on; older trees profile without them
+        from kvtune.engine_sidecar.packed_linear import PackedLinear
+        from kvtune.kernels.model_ops import FusedOps
+    except ImportError:
+        PackedLinear = FusedOps = type("Absent", (), {})
 
     steps: list[dict[str, object]] = []
     current: dict[str, float] = collections.defaultdict(float)
@@ -66,8 +73,11 @@ def serve_with_timers(out_path: Path, serve_argv: list[str]) -> int:
     cpu_backend.prefill = timed("attn_prefill", cpu_backend.prefill)
     cpu_backend.write_kv = timed("kv_write", cpu_backend.write_kv)
     runner_module.build_batch = timed("build_batch", runner_module.build_batch)
-    for cls in (torch.nn.Linear, WidenedLinear):
+    for cls in (torch.nn.Linear, WidenedLinear, PackedLinear):
         cls.forward = timed("linears", cls.forward)  # type: ignore[method-assign]
+    for name in ("rms_norm", "add_rms_norm", "silu_mul"):
+        setattr(FusedOps, name, timed("fused_norm_silu", getattr(FusedOps, name)))
+    FusedOps.rope_write = timed("kv_write", FusedOps.rope_write)  # type: ignore[method-assign]
     runner = runner_module.ModelRunner
     runner._run_model = timed("forward", runner._run_model)  # type: ignore[method-assign]
     runner.sample = timed("sample", runner.sample)  # type: ignore[method-assign]
@@ -133,7 +143,7 @@ def _share(part: float, whole: float) -> str:
 def _stages(s: dict[str, float]) -> dict[str, float]:
     g = collections.defaultdict(float, s)
     model = g["forward"] - g["build_batch"]
-    other = model - g["linears"] - g["attn_decode"] - g["attn_prefill"] - g["kv_write"]
+    other = model - g["linears"] - g["attn_decode"] - g["attn_prefill"] - g["kv_write"] - g["fused_norm_silu"]
     rest = g["step"] - g["schedule"] - g["forward"] - g["sample"] - g["append"]
     return dict(g, other_model_ops=other, python_rest=rest)
 
@@ -167,7 +177,7 @@ def summarise(steps: list[dict[str, float]], batch_wall: float) -> str:
         for stage in (*STAGES, "step"):
             total[stage] += values[stage]
         tokens = g["decode_tokens"] + g["prefill_tokens"] + g["recompute_tokens"]
-        per_token = g["linears"] + other + g["kv_write"] + g["build_batch"]
+        per_token = g["linears"] + other + g["kv_write"] + g["fused_norm_silu"] + g["build_batch"]
         for name in ("decode", "prefill", "recompute"):
             phase[name] += per_token * g[f"{name}_tokens"] / tokens
             phase[f"{name}_tokens"] += g[f"{name}_tokens"]
