@@ -28,12 +28,12 @@ inline float widen(const uint16_t bits) {
 }
 
 // float32 to bfloat16, rounding to nearest even (NaN kept quiet), as torch's conversion does.
+// Branch-free (a select for NaN), so the loops around it vectorise.
 inline uint16_t narrow(const float value) {
     uint32_t bits;
     std::memcpy(&bits, &value, sizeof(bits));
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
+    const uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>(0x7FC0u) : static_cast<uint16_t>(rounded >> 16);
 }
 
 // One element of the model dtype: read as float32, and a float32 result rounded back to it.
