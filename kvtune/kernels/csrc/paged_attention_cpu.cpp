@@ -959,8 +959,13 @@ bool try_prefill(const KvtParams& p) {
     for (size_t i : order) sorted.push_back(items[i]);
 #pragma omp parallel num_threads(p.num_threads)
     {
-        PrefillRunner<kDim, T> runner(p);
-        run_with(sorted, runner);
+        if (p.query_bf16) {
+            PrefillRunner<kDim, T, true> runner(p);
+            run_with(sorted, runner);
+        } else {
+            PrefillRunner<kDim, T, false> runner(p);
+            run_with(sorted, runner);
+        }
     }
     return true;
 #else
