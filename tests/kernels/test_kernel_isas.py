@@ -92,4 +92,3 @@ def test_native_is_always_runnable_and_the_default(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv(ISA_ENV, raising=False)
     assert selected_isa() == "native"
     assert "native" in runnable_isas()
-
