@@ -21,6 +21,7 @@ from fastapi import FastAPI
 
 from kvtune.core.allocators import POLICIES
 from kvtune.engine_sidecar.async_engine import AsyncEngine
+from kvtune.engine_sidecar.compute_threads import available_cores, default_compute_threads
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.http_serving import (
@@ -84,7 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_front_arguments(parser)
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: every core but one, which the HTTP side keeps; 1 on a single core)",
+    )
     parser.add_argument(
         "--seed",
         type=int,
@@ -188,7 +193,9 @@ def build_server(args: argparse.Namespace) -> Server:
         )
     check_front_arguments(args)
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    threads = args.threads or default_compute_threads(available_cores())
+    torch.set_num_threads(threads)
+    logger.info("Computing on %d torch thread%s", threads, "" if threads == 1 else "s")
     config = engine_config(args)
     engine = LLMEngine(config)
     engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
