@@ -91,7 +91,14 @@ class Attention(nn.Module):
         layer_cache = cache.layers[self.layer_index]
         backend = step.backend
         fused = step.fused
-        if fused is not None and self.q_norm is None and fused.fits_cache(layer_cache):
+        # the fused write reproduces the CPU kernels' cache write; another backend (the reference, a test's
+        # recording one) keeps its own write_kv
+        if (
+            fused is not None
+            and backend.name == "cpu"
+            and self.q_norm is None
+            and fused.fits_cache(layer_cache)
+        ):
             q = fused.rope_write(
                 qkv, step.cos, step.sin, metadata.slot_mapping, layer_cache,
                 self.num_heads, self.num_kv_heads, self.head_dim,
