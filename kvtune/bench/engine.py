@@ -643,7 +643,7 @@ def fairness_notes(args: argparse.Namespace) -> list[str]:
         f"`--threads {args.kvtune_threads}`"
         if args.kvtune_threads
         else f"its default, torch threads = every core but one ({default_compute_threads(available_cores())} of "
-        f"{available_cores()}), the other kept for its HTTP side"
+        f"{available_cores()}), the engine thread pinned to the last core(s) and the first kept for its HTTP side"
     )
     vllm_threads = (
         f"`VLLM_CPU_OMP_THREADS_BIND=0-{args.vllm_threads - 1}`, no reserved core"

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 
 from kvtune.core.allocators import POLICIES
 from kvtune.engine_sidecar.async_engine import AsyncEngine
-from kvtune.engine_sidecar.compute_threads import available_cores, default_compute_threads
+from kvtune.engine_sidecar.compute_threads import allowed_cores, default_compute_threads, engine_cores
 from kvtune.engine_sidecar.engine import LLMEngine
 from kvtune.engine_sidecar.engine_config import EngineConfig
 from kvtune.engine_sidecar.http_serving import (
@@ -193,15 +193,20 @@ def build_server(args: argparse.Namespace) -> Server:
         )
     check_front_arguments(args)
     token = read_token_file(args.admin_token_file) if args.admin_token_file else None
-    threads = args.threads or default_compute_threads(available_cores())
+    cores = allowed_cores()
+    threads = args.threads or default_compute_threads(len(cores))
     torch.set_num_threads(threads)
-    logger.info("Computing on %d torch thread%s", threads, "" if threads == 1 else "s")
+    pinned = engine_cores(cores, threads)  # as vLLM binds its compute threads; the first core: HTTP
+    logger.info(
+        "Computing on %d torch thread%s%s", threads, "" if threads == 1 else "s",
+        "" if pinned is None else f", the engine thread pinned to core(s) {sorted(pinned)}",
+    )  # fmt: skip
     config = engine_config(args)
     engine = LLMEngine(config)
     engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
     log_dtype(engine)
     log_capacity(engine)
-    async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests)
+    async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests, engine_cores=pinned)
     app = build_app(
         async_engine,
         admin_token=token,
