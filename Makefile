@@ -3,8 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# C++ sources compiled for this CPU: the attention kernel and the benchmarks' probes.
-KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
+# C++ sources compiled for this CPU: the attention kernel, the model's fused ops and the benchmarks' probes.
+KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/kernels/csrc/model_ops_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
 .PHONY: demo test lint typecheck unit clean observability-tools helm-tools vllm-harness k8s-tools
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtune.bench.vllm_cpu import VllmServerConfig
+from kvtune.engine.loop.compute_threads import available_cores, default_compute_threads
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, LoadResult, batch_bodies, run_batch
 from kvtune.harness.local_http import free_port
@@ -184,7 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="the request list's seed")
     parser.add_argument(
-        "--kvtune-threads", type=int, help="kvtune serve --threads (default: kvtune's own, every core)"
+        "--kvtune-threads",
+        type=int,
+        help="kvtune serve --threads (default: kvtune's own, every core but one; 1 on a single core)",
     )
     parser.add_argument("--vllm-threads", type=int, help="vLLM OpenMP threads (default: vLLM's auto binding)")
     parser.add_argument(
@@ -506,7 +509,7 @@ def _run_kvtune(args: argparse.Namespace, model_dir: Path, log_dir: Path, index:
         boot_s = time.perf_counter() - boot_start
         with PeakMemory(server.process.pid) as peak:
             before, after, result = _timed_load(server.url, load_spec(args), KVTUNE, server.log_tail)
-    threads = f"--threads {args.kvtune_threads}" if args.kvtune_threads else f"default ({os.cpu_count()})"
+    threads = f"--threads {args.kvtune_threads}" if args.kvtune_threads else _kvtune_default_threads()
     return _result(index, KVTUNE, threads, result, before, after, boot_s, peak.bytes)
 
 
@@ -560,12 +563,18 @@ def _result(
     )
 
 
+def _kvtune_default_threads() -> str:
+    cores = available_cores()
+    return f"default ({default_compute_threads(cores)} of {cores})"
+
+
 def fairness_notes(args: argparse.Namespace) -> list[str]:
     cores = os.cpu_count()
     kvtune_threads = (
         f"`--threads {args.kvtune_threads}`"
         if args.kvtune_threads
-        else f"its default, torch threads = every core ({cores})"
+        else f"its default, torch threads = every core but one ({default_compute_threads(available_cores())} of "
+        f"{available_cores()}), the engine thread pinned to the last core(s) and the first kept for its HTTP side"
     )
     vllm_threads = (
         f"`VLLM_CPU_OMP_THREADS_BIND=0-{args.vllm_threads - 1}`, no reserved core"

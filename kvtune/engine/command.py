@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from kvtune.core.allocators import POLICIES
 from kvtune.engine.http.app import build_admin_app, build_app
 from kvtune.engine.http.memory_report import start_tracing_from_env
+from kvtune.engine.loop.compute_threads import allowed_cores, default_compute_threads, engine_cores
 from kvtune.engine.loop.llm_engine import LLMEngine
 from kvtune.engine.loop.thread import AsyncEngine
 from kvtune.engine.model.engine_config import EngineConfig
@@ -88,7 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_front_arguments(parser)
     parser.add_argument("--attention-backend", help="kvtune.kernels backend (default: the device's best)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: every core)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: every core but one, which the HTTP side keeps; 1 on a single core)",
+    )
     parser.add_argument(
         "--seed",
         type=int,
@@ -192,14 +197,21 @@ def build_server(args: argparse.Namespace) -> Server:
         )
     check_front_arguments(args)
     token = admin_token(args)
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    cores = allowed_cores()
+    threads = args.threads or default_compute_threads(len(cores))
+    torch.set_num_threads(threads)
+    pinned = engine_cores(cores, threads)  # as vLLM binds its compute threads; the first core: HTTP
+    logger.info(
+        "Computing on %d torch thread%s%s", threads, "" if threads == 1 else "s",
+        "" if pinned is None else f", the engine thread pinned to core(s) {sorted(pinned)}",
+    )  # fmt: skip
     bound_onednn_caches()  # before the engine's first matmul
     config = engine_config(args)
     engine = LLMEngine(config)
     engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
     log_dtype(engine)
     log_capacity(engine)
-    async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests)
+    async_engine = AsyncEngine(engine, max_waiting_requests=args.max_waiting_requests, engine_cores=pinned)
     app = build_app(
         async_engine,
         admin_token=token,

@@ -15,7 +15,7 @@ import torch
 from kvtune.errors import KvtuneError
 from kvtune.kernels import write as torch_write
 from kvtune.kernels.cache_dtype import FP8_DTYPE
-from kvtune.kernels.cpu_build import load
+from kvtune.kernels.cpu_build import load, selected_isa
 from kvtune.kernels.merge import merge_attention_partials
 
 _CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, FP8_DTYPE: 3}
@@ -57,10 +57,15 @@ class _Params(ctypes.Structure):
 def available() -> str | None:
     """None when the backend can run here, else why not (no compiler, build failure)."""
     try:
-        load()
+        library()
     except KvtuneError as err:
         return str(err)
     return None
+
+
+def library() -> ctypes.CDLL:
+    """The kernel library of the selected ISA variant ($KVTUNE_CPU_ISA, default native), built once."""
+    return load(isa=selected_isa())
 
 
 def default_num_splits(num_seqs: int, max_seq_len: int) -> int:
@@ -143,7 +148,7 @@ def _attention(
         queries, kv_cache, tables, starts, lengths, out, lse, scale, k_scale, v_scale, num_splits, query_tile,
         q.dtype == torch.bfloat16,
     )  # fmt: skip
-    if load().kvt_paged_attention(ctypes.byref(params)) != 0:
+    if library().kvt_paged_attention(ctypes.byref(params)) != 0:
         raise KvtuneError(f"cpu attention kernel rejected cache dtype {kv_cache.dtype}")
     merged = out[0] if num_splits == 1 else merge_attention_partials(out, lse)[0]
     return merged.to(q.dtype)

@@ -17,6 +17,10 @@ take the vector-extension path.
 The library is cached under ~/.cache/kvtune (or $KVTUNE_CACHE_DIR), keyed by the source, the flags, the
 compiler and the CPU, and written atomically so concurrent first uses cannot load a half-written file.
 `python -m kvtune.kernels.cpu_build` builds it ahead of time.
+
+Builds narrower than the CPU (ISA variants): `avx2` compiles with AVX-512 switched off, so an AVX-512 machine
+builds, tests and times the code an AVX2-only CPU runs. $KVTUNE_CPU_ISA picks the variant the engine loads
+(default `native`); the tests run every variant the CPU can execute.
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ from kvtune.errors import KvtuneError
 INCLUDE_DIR = Path(__file__).parent / "csrc"  # paged_attention_common.h, shared with the benchmark's probes
 SOURCE = INCLUDE_DIR / "paged_attention_cpu.cpp"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+MODEL_OPS_SOURCE = INCLUDE_DIR / "model_ops_cpu.cpp"
+# Flags of one source only: the model's fused ops must round each product and sum as torch does (no fused
+# multiply-add).
+SOURCE_FLAGS: dict[str, tuple[str, ...]] = {MODEL_OPS_SOURCE.name: ("-ffp-contract=off",)}
+# Extra flags of each ISA variant, and the CPU flags (as /proc/cpuinfo names them) it needs to run.
+ISA_FLAGS: dict[str, tuple[str, ...]] = {"native": (), "avx2": ("-mno-avx512f",)}
+ISA_NEEDS: dict[str, frozenset[str]] = {"native": frozenset(), "avx2": frozenset({"avx2", "fma"})}
+ISA_ENV = "KVTUNE_CPU_ISA"
 
 
 def _compiler() -> str:
@@ -62,27 +74,59 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def library_path(compiler: str, source: Path = SOURCE) -> Path:
+def _cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them (empty without /proc/cpuinfo)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def selected_isa() -> str:
+    """The variant the engine loads: $KVTUNE_CPU_ISA, or `native`."""
+    isa = os.environ.get(ISA_ENV) or "native"
+    if isa not in ISA_FLAGS:
+        raise KvtuneError(f"${ISA_ENV}={isa!r} is not a kernel build; choose one of {', '.join(ISA_FLAGS)}")
+    return isa
+
+
+def runnable_isas() -> list[str]:
+    """The variants this CPU can execute (every one whose instructions it has)."""
+    flags = _cpu_flags()
+    return [isa for isa, needs in ISA_NEEDS.items() if needs <= flags]
+
+
+def _flags(source: Path, isa: str) -> tuple[str, ...]:
+    return (*FLAGS, *SOURCE_FLAGS.get(source.name, ()), *ISA_FLAGS[isa])
+
+
+def library_path(compiler: str, source: Path = SOURCE, isa: str = "native") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     headers = [header.read_text() for header in sorted(INCLUDE_DIR.glob("*.h"))]
+    flags = " ".join(_flags(source, isa))
     key = hashlib.sha256(
-        "\n".join([source.read_text(), *headers, " ".join(FLAGS), version, _cpu_model()]).encode()
+        "\n".join([source.read_text(), *headers, flags, version, _cpu_model()]).encode()
     ).hexdigest()[:16]
-    return _cache_dir() / f"{source.stem}-{key}.so"
+    suffix = "" if isa == "native" else f"-{isa}"
+    return _cache_dir() / f"{source.stem}{suffix}-{key}.so"
 
 
-def build(source: Path = SOURCE) -> Path:
-    """Compile `source` (the kernel by default; the benchmark's probes reuse this with theirs) unless a build
-    for this source, its headers, compiler and CPU is cached; return the library's path."""
+def build(source: Path = SOURCE, isa: str = "native") -> Path:
+    """Compile `source` (the kernel by default; the benchmark's probes reuse this with theirs) for ISA
+    variant `isa` unless a build for this source, its headers, flags, compiler and CPU is cached; return the
+    library's path."""
     compiler = _compiler()
-    target = library_path(compiler, source)
+    target = library_path(compiler, source, isa)
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         partial = Path(scratch) / target.name
         result = subprocess.run(
-            [compiler, *FLAGS, f"-I{INCLUDE_DIR}", str(source), "-o", str(partial)],
+            [compiler, *_flags(source, isa), f"-I{INCLUDE_DIR}", str(source), "-o", str(partial)],
             capture_output=True,
             text=True,
             check=False,
@@ -95,15 +139,19 @@ def build(source: Path = SOURCE) -> Path:
 
 
 @cache
-def load(source: Path = SOURCE) -> ctypes.CDLL:
-    """Build if needed and load the library of `source` (once per process)."""
-    return ctypes.CDLL(str(build(source)))
+def load(source: Path = SOURCE, isa: str = "native") -> ctypes.CDLL:
+    """Build if needed and load the library of `source` for ISA variant `isa` (once per process)."""
+    return ctypes.CDLL(str(build(source, isa)))
 
 
 def build_all(sources: list[Path]) -> list[Path]:
-    """Build several libraries at once (one compiler each), so a fresh machine waits for the longest only."""
-    with ThreadPoolExecutor(max_workers=max(1, len(sources))) as pool:
-        return list(pool.map(build, sources))
+    """Build several libraries at once (one compiler each), so a fresh machine waits for the longest only:
+    each source natively, and the kernel also as every narrower variant this CPU runs (its tests use them)."""
+    jobs = [(source, "native") for source in sources]
+    if SOURCE.resolve() in {source.resolve() for source in sources}:
+        jobs += [(SOURCE, isa) for isa in runnable_isas() if isa != "native"]
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        return list(pool.map(lambda job: build(*job), jobs))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from kvtune.engine.loop.compute_threads import pin_current_thread
 from kvtune.engine.loop.llm_engine import EngineCounters, FinishedStats, LLMEngine, RequestOutput
 from kvtune.engine.model.sampling import SamplingParams
 from kvtune.errors import KvtuneError
@@ -187,9 +188,15 @@ class RequestStream:
 class AsyncEngine:
     """Serve an LLMEngine to asyncio code: `add_request()` returns a stream of outputs, `call()` runs code on its thread."""
 
-    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        max_waiting_requests: int | None = None,
+        engine_cores: frozenset[int] | None = None,
+    ) -> None:
         """`max_waiting_requests`: None bounds the queue at DEFAULT_WAITING_PER_SEQ x the boot max_num_seqs,
-        UNLIMITED_WAITING (-1) does not bound it, 0 refuses every new request, N > 0 allows N waiting."""
+        UNLIMITED_WAITING (-1) does not bound it, 0 refuses every new request, N > 0 allows N waiting.
+        `engine_cores`: the cores the engine thread pins itself to (compute_threads.engine_cores)."""
         if max_waiting_requests is not None and max_waiting_requests < UNLIMITED_WAITING:
             raise KvtuneError(
                 f"--max-waiting-requests must be >= 0, or {UNLIMITED_WAITING} for no limit; got {max_waiting_requests}"
@@ -210,6 +217,7 @@ class AsyncEngine:
         self._pending_lock = threading.Lock()
         self._listeners: list[StatsListener] = []
         self.latest: EngineStats = snapshot(engine, drain=False)
+        self.engine_cores = engine_cores  # the engine thread's CPU affinity (None: wherever the OS puts it)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def add_listener(self, listener: StatsListener) -> None:
@@ -355,6 +363,7 @@ class AsyncEngine:
 
     # --- the engine thread -----------------------------------------------------------------------------
     def _run(self) -> None:
+        pin_current_thread(self.engine_cores)
         engine = self.engine
         while not self._stop.is_set():
             self._wake.clear()

@@ -5,6 +5,8 @@ prefill chunks read the cache through its kernels. The backend is resolved once,
 directly: the batch builder has checked the step's lengths on the host, so no layer looks a backend up,
 re-validates, or reads a length back from the device. q/k/v and gate/up are each one fused matmul (one pass over the
 activations instead of three or two); `weight_names` maps them back to the checkpoint's separate tensors.
+On a CPU the small ops between them run fused (kvtune.kernels.model_ops: residual add + RMSNorm, RoPE + the
+KV write, SiLU-and-multiply), resolved once at load like the backend; elsewhere, the torch code below.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kvtune.engine.model.model_config import ModelConfig
 from kvtune.engine.model.rope import RotaryTable, apply_rotary
 from kvtune.engine.model.weight_names import checkpoint_names, gather_parameters
 from kvtune.kernels.backends import Backend, resolve_backend
+from kvtune.kernels.model_ops import FusedOps, fused_ops
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +47,8 @@ def _linear(rows: int, cols: int, bias: bool) -> nn.Linear:
 
 
 class StepContext:
-    """What every layer of one forward pass shares: positions' rotary angles, metadata, cache, backend."""
+    """What every layer of one forward pass shares: positions' rotary angles, metadata, cache, backend, and
+    the fused CPU ops (None: the torch code)."""
 
     def __init__(
         self,
@@ -53,12 +57,14 @@ class StepContext:
         metadata: AttentionMetadata,
         cache: KVCache,
         backend: Backend,
+        fused: FusedOps | None = None,
     ) -> None:
         self.cos = cos
         self.sin = sin
         self.metadata = metadata
         self.cache = cache
         self.backend = backend
+        self.fused = fused
 
 
 class Attention(nn.Module):
@@ -80,19 +86,34 @@ class Attention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, step: StepContext) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.contiguous().view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, step.cos, step.sin)
-        k = apply_rotary(k, step.cos, step.sin)
+        qkv = self.qkv_proj(hidden)
         cache, metadata = step.cache, step.metadata
         layer_cache = cache.layers[self.layer_index]
         backend = step.backend
-        backend.write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale)
+        fused = step.fused
+        # the fused write reproduces the CPU kernels' cache write; another backend (the reference, a test's
+        # recording one) keeps its own write_kv
+        if (
+            fused is not None
+            and backend.name == "cpu"
+            and self.q_norm is None
+            and fused.fits_cache(layer_cache)
+        ):
+            q = fused.rope_write(
+                qkv, step.cos, step.sin, metadata.slot_mapping, layer_cache,
+                self.num_heads, self.num_kv_heads, self.head_dim,
+            )  # fmt: skip
+        else:
+            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = q.view(tokens, self.num_heads, self.head_dim)
+            k = k.view(tokens, self.num_kv_heads, self.head_dim)
+            v = v.contiguous().view(tokens, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None and self.k_norm is not None:
+                q = self.q_norm(q)
+                k = self.k_norm(k)
+            q = apply_rotary(q, step.cos, step.sin)
+            k = apply_rotary(k, step.cos, step.sin)
+            backend.write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale)
         out = torch.empty_like(q)
         decodes = metadata.num_decodes
         if decodes:
@@ -131,9 +152,13 @@ class MLP(nn.Module):
         self.gate_up_proj = _linear(2 * config.intermediate_size, config.hidden_size, config.mlp_bias)
         self.down_proj = _linear(config.hidden_size, config.intermediate_size, config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        down: torch.Tensor = self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, fused: FusedOps | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if fused is not None:
+            down: torch.Tensor = self.down_proj(fused.silu_mul(gate_up))
+            return down
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        down = self.down_proj(F.silu(gate) * up)
         return down
 
 
@@ -148,9 +173,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, hidden: torch.Tensor, step: StepContext) -> torch.Tensor:
-        attended: torch.Tensor = self.self_attn(self.input_layernorm(hidden), step)
-        hidden = hidden + attended
-        mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(hidden))
+        fused = step.fused
+        if fused is None:
+            attended: torch.Tensor = self.self_attn(self.input_layernorm(hidden), step)
+            hidden = hidden + attended
+            mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(hidden))
+            return hidden + mlp_out
+        norm, post = self.input_layernorm, self.post_attention_layernorm
+        attended = self.self_attn(fused.rms_norm(hidden, norm.weight, norm.eps), step)
+        hidden, normed = fused.add_rms_norm(hidden, attended, post.weight, post.eps)
+        mlp_out = self.mlp(normed, fused)
         return hidden + mlp_out
 
 
@@ -178,6 +210,7 @@ class CausalLM(nn.Module):
             self.model = DecoderStack(config)
             self.lm_head = _linear(config.vocab_size, config.hidden_size, False)
         self.rotary: RotaryTable | None = None
+        self.fused: FusedOps | None = None  # set by materialise where the device and dtype allow
 
     @property
     def dtype(self) -> torch.dtype:
@@ -207,6 +240,7 @@ class CausalLM(nn.Module):
         self.rotary = RotaryTable(
             self.config.rope, self.config.head_dim, self.config.max_position_embeddings, self.device
         )
+        self.fused = fused_ops(self.device, self.dtype)
         self.requires_grad_(False)
         self.eval()
 
@@ -222,13 +256,15 @@ class CausalLM(nn.Module):
         `all_logits`. Writes every new token's K/V into `cache` as a side effect."""
         assert self.rotary is not None, "materialise() loads the weights first"
         cos, sin = self.rotary.angles(positions, self.dtype)
-        step = StepContext(cos, sin, metadata, cache, self.attention_backend)
+        step = StepContext(cos, sin, metadata, cache, self.attention_backend, self.fused)
         hidden = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             hidden = layer(hidden, step)
         if not all_logits:
             hidden = hidden[metadata.last_token_rows]
-        logits: torch.Tensor = self.lm_head(self.model.norm(hidden))
+        norm = self.model.norm
+        normed = norm(hidden) if self.fused is None else self.fused.rms_norm(hidden, norm.weight, norm.eps)
+        logits: torch.Tensor = self.lm_head(normed)
         return logits
 
 

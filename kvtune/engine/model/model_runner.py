@@ -21,6 +21,7 @@ from kvtune.engine.model.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from kvtune.engine.model.kv_cache import KVCache
 from kvtune.engine.model.logprobs import TokenLogprobs, sampled_logprobs
 from kvtune.engine.model.model import load_model
+from kvtune.engine.model.packed_linear import pack_bf16_linears, packing_pays
 from kvtune.engine.model.sampling import Sampler, SamplingParams
 from kvtune.engine.model.serving_dtype import choose_dtype, cpu_flags
 from kvtune.engine.model.widened_linear import widen_bf16_linears, widening_pays
@@ -52,6 +53,13 @@ class ModelRunner:
                 "bfloat16 linear layers (%d) run as float32 GEMMs over their exactly widened weights: this CPU "
                 "lacks AVX512-BF16, where oneDNN's bfloat16 GEMM is several times slower",
                 self.widened_linears,
+            )
+        self.packed_linears = 0
+        if packing_pays(self.device.type, self.dtype_choice.dtype, flags):
+            self.packed_linears = pack_bf16_linears(self.model)
+            logger.info(
+                "bfloat16 linear layers (%d) run oneDNN's GEMM over weights reordered once at load",
+                self.packed_linears,
             )
         self.cache = self._allocate_cache(self.dtype_choice.dtype)
         if config.max_model_len and config.max_model_len > self.model_config.max_model_len:

@@ -6,8 +6,10 @@
 //   written with explicit 16-lane vectors (GCC vector extensions; AVX512-BF16 dot products for bf16 and
 //   fp8 caches where the CPU has them). On CPUs with AVX2 but not AVX-512, DecodeRunner8
 //   (decode_runner_avx2.h) does the same walk in 8-lane registers instead.
-// - ItemRunner (prefill, and any other shape): an item is (sequence, KV head, tile of query tokens, split),
-//   holding the tile's rows for the G query heads that share the KV head.
+// - PrefillRunner (prefill_runner.h; query chunks of more than one token, head_dim 32/64/128, on AVX-512 or
+//   AVX2): an item is (sequence, KV head, tile of query tokens) whose rows (tokens x the G query heads of
+//   the KV head) sit in the vector lanes; scores and values are register-blocked small matrix products.
+// - ItemRunner (any other shape, or a CPU with neither): the same item, one (row, key) dot product at a time.
 // Both use the online (flash) softmax over chunks of keys, so scratch stays in L1/L2 however long the
 // context is. Output is float32 partials [splits, tokens, q_heads, head_dim] plus their log-sum-exp;
 // Python merges the splits (kvtune.kernels.merge) and casts.
@@ -893,6 +895,7 @@ class DecodeRunner {
 #ifdef KVT_DECODE_AVX2
 #include "decode_runner_avx2.h"
 #endif
+#include "prefill_runner.h"
 
 template <typename Runner>
 void run_with(const std::vector<Item>& items, Runner& runner) {
@@ -928,6 +931,49 @@ bool try_decode(const KvtParams& p) {
     return true;
 }
 
+// Prefill (query_tile > 1) by the tiled PrefillRunner where it applies: items of PrefillRunner::tile_for
+// query tokens per (sequence, KV head), the ones that read the most keys first.
+template <int kDim, typename T>
+bool try_prefill(const KvtParams& p) {
+#ifdef KVT_PREFILL_LANES
+    if (p.query_tile == 1 || !PrefillRunner<kDim, T>::fits(p)) return false;
+    const int tile = PrefillRunner<kDim, T>::tile_for(p);
+    std::vector<Item> items;
+    std::vector<int> keys;
+    for (int seq = 0; seq < p.num_seqs; ++seq) {
+        const int query_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
+        const int context = p.seq_lens[seq] - query_len;
+        for (int first = 0; first < query_len; first += tile) {
+            const int count = std::min(tile, query_len - first);
+            for (int head = 0; head < p.num_kv_heads; ++head) {
+                items.push_back({seq, head, first, count, 0});
+                keys.push_back(context + first + count);
+            }
+        }
+    }
+    std::vector<size_t> order(items.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] > keys[b]; });
+    std::vector<Item> sorted;
+    sorted.reserve(items.size());
+    for (size_t i : order) sorted.push_back(items[i]);
+#pragma omp parallel num_threads(p.num_threads)
+    {
+        if (p.query_bf16) {
+            PrefillRunner<kDim, T, true> runner(p);
+            run_with(sorted, runner);
+        } else {
+            PrefillRunner<kDim, T, false> runner(p);
+            run_with(sorted, runner);
+        }
+    }
+    return true;
+#else
+    (void)p;
+    return false;
+#endif
+}
+
 template <int kDim, typename T>
 void run_items(const KvtParams& p, const std::vector<Item>& items) {
     if constexpr (kDim != 0) {
@@ -935,6 +981,7 @@ void run_items(const KvtParams& p, const std::vector<Item>& items) {
                                   try_decode<kDim, 4, T>(p) || try_decode<kDim, 8, T>(p))) {
             return;
         }
+        if (try_prefill<kDim, T>(p)) return;
     }
 #pragma omp parallel num_threads(p.num_threads)
     {
