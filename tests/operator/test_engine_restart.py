@@ -17,9 +17,8 @@ from kvtune.operator.decide.ports import ActuatorResult
 from kvtune.operator.decide.restart import drifted, engine_restarted
 from kvtune.operator.decide.sample import Sample, SampleResult
 from kvtune.operator.decide.tuner import JudgedFigures, Pending, TunerState, _evaluate
-from kvtune.operator.io.sources import parse_exposition
 from kvtune.operator.k8s.crd import DesiredValues, KVTuningPolicyStatus, state_from_status, state_to_status
-from tests.operator.helpers import synthetic
+from tests.operator.helpers import parse_exposition, synthetic
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)
 
