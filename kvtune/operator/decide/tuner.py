@@ -120,8 +120,8 @@ class TunerState:
         """A restart with a different KV pool (FP8 KV, more memory): the max_num_seqs the operator held was
         sized for the old pool, so it is no longer desired, nor is the seat count seen preempting, and the
         rung may act again: the engine comes up at its flag, and the first cut and the probe size it for the
-        new pool. (Putting the old value back and creeping up one seat per two windows hid, in the demo,
-        the residency a doubled pool buys.) The cap, sized from the workload's answers, is kept."""
+        new pool: putting the old value back and creeping up one seat per two windows would hide, for many
+        windows, the residency a larger pool buys. The cap, sized from the workload's answers, is kept."""
         pending = self.pending if self.pending is None or self.pending.knob != KNOB_MAX_NUM_SEQS else None
         return replace(
             self,
@@ -245,10 +245,9 @@ def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
             return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s"
         return None
     # a cap or a lowering cannot preempt more: fewer residents, or shorter generations, hold fewer blocks.
-    # A higher rate than a before-window that caught the load warming up is noise, not the change's doing:
-    # a lowering that still preempts is followed by a feedback step down (the closed-loop restart test undid
-    # 64 -> 10 on 3.08 -> 4.36/s and stayed at 64), and a cap stays (the demo's cap was undone within 5 s on
-    # 1.97 -> 2.21/s). Only the goodput rule can undo them.
+    # A higher rate than a before-window that caught the load warming up is noise, not the change's doing,
+    # and undoing on it would put back the value that preempted. So a lowering that still preempts is
+    # followed by a feedback step down, and a cap stays. Only the goodput rule can undo them.
     if goodput_fell and rate_after >= rate_before:
         return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s without fewer preemptions"
     return None
