@@ -23,7 +23,7 @@ import httpx
 
 from kvtune.bench.connection_probes import idle_crowd, slowloris
 from kvtune.front.connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S
-from kvtune.harness.engine_process import write_tiny_model
+from kvtune.harness.engine_process import write_tiny_model_in_subprocess
 from kvtune.harness.local_http import free_port, wait_for
 from kvtune.harness.server import cli_argv
 
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     args.log_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvtune-connections-") as folder:
-        model = write_tiny_model(Path(folder) / "tiny")
+        model = write_tiny_model_in_subprocess(Path(folder) / "tiny")
         engine_port, proxy_port = free_port(), free_port()
         engine, proxy = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
         serve = cli_argv("serve", "--model", str(model), "--served-model-name", "tiny", "--port",

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from kvtune.bench.engine import (
-    ISSUE17,
+    BURST96_LONG,
     MODELS,
     SERVED_MODEL_NAME,
     check_model_shape,
@@ -74,16 +74,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--seconds", type=float, default=240.0, help="budget for every model together")
     parser.add_argument("--boot-timeout", type=float, default=180.0, help="seconds per server boot, at most")
-    parser.add_argument("--num-requests", type=int, default=ISSUE17.num_requests)
+    parser.add_argument("--num-requests", type=int, default=BURST96_LONG.num_requests)
     parser.add_argument(
-        "--prompt-tokens", type=int, nargs=2, default=ISSUE17.prompt_tokens, metavar=("LO", "HI")
+        "--prompt-tokens", type=int, nargs=2, default=BURST96_LONG.prompt_tokens, metavar=("LO", "HI")
     )
     parser.add_argument(
-        "--output-tokens", type=int, nargs=2, default=ISSUE17.output_tokens, metavar=("LO", "HI")
+        "--output-tokens", type=int, nargs=2, default=BURST96_LONG.output_tokens, metavar=("LO", "HI")
     )
-    parser.add_argument("--kv-cache-tokens", type=int, default=ISSUE17.kv_cache_tokens)
-    parser.add_argument("--block-size", type=int, default=ISSUE17.block_size)
-    parser.add_argument("--max-num-seqs", type=int, default=ISSUE17.max_num_seqs)
+    parser.add_argument("--kv-cache-tokens", type=int, default=BURST96_LONG.kv_cache_tokens)
+    parser.add_argument("--block-size", type=int, default=BURST96_LONG.block_size)
+    parser.add_argument("--max-num-seqs", type=int, default=BURST96_LONG.max_num_seqs)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, help="kvtune serve --threads (default: kvtune's own)")

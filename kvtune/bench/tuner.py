@@ -35,7 +35,12 @@ from kvtune.bench.benchmarks_md import git_revision, machine_description, record
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
 from kvtune.core.predict import Forecast
 from kvtune.errors import KvtuneError
-from kvtune.harness.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import (
+    ENGINE_THREADS,
+    EngineProcess,
+    start_engine,
+    write_tiny_model_in_subprocess,
+)
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
@@ -260,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(tmp)
         token_file = folder / "token"
         token_file.write_text(TOKEN)
-        model = write_tiny_model(folder / "tiny")
+        model = write_tiny_model_in_subprocess(folder / "tiny")
         engine = start_engine(model, token_file, folder / "engine.log", "--kv-cache-tokens",
                               str(args.kv_cache_tokens), "--max-num-seqs", str(args.start))  # fmt: skip
         try:

@@ -72,7 +72,12 @@ from kvtune.core.workload_fit import (
     operating_point,
 )
 from kvtune.errors import KvtuneError
-from kvtune.harness.engine_process import ENGINE_THREADS, EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import (
+    ENGINE_THREADS,
+    EngineProcess,
+    start_engine,
+    write_tiny_model_in_subprocess,
+)
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.sample import NoData, sample_from_series
 from kvtune.operator.io.actuators import KvtuneAdminActuator
@@ -315,7 +320,7 @@ def _with_engine(workload: Workload, run: Callable[[EngineProcess], Result]) -> 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "token").write_text(TOKEN)
-        model = write_tiny_model(folder / "tiny")
+        model = write_tiny_model_in_subprocess(folder / "tiny")
         engine = start_engine(model, folder / "token", folder / "engine.log", "--kv-cache-tokens",
                               str(workload.kv_cache_tokens), "--max-num-seqs", str(workload.start))  # fmt: skip
         try:

@@ -76,11 +76,6 @@ class KVAllocator(ABC):
         """Read-only: per running request, the slots it may write before `grow` must allocate or copy."""
         return MappingProxyType(self._writable)
 
-    @property
-    def pending_copies(self) -> list[tuple[int, int]]:
-        """Read-only: the block copies `take_copies` will hand out next."""
-        return list(self._pending_copies)
-
     def can_append(self, req: Request, num_new_tokens: int) -> bool:
         """True when `req` can compute `num_new_tokens` more tokens in what it holds, with no `grow`.
 

@@ -48,7 +48,9 @@ class Action:
 @dataclass(frozen=True)
 class Figures:
     """A "before" or "after" window's figures, measured over the points in (t_from, t_to]: each says what it
-    counts and over how long, so "12 preemptions in 24 s" is never read as a minute's worth."""
+    counts and over how long, so "12 preemptions in 24 s" is never read as a minute's worth. Not the
+    operator's `JudgedFigures` (what one tuning action is judged by): these are the demo's report of a phase
+    of its own run, as its client and the engine's metrics saw it."""
 
     window: str  # what the window is, in words
     t_from: float  # seconds since the demo started

@@ -28,7 +28,9 @@ class EngineProcess:
             self.process.wait(5)
 
 
-def write_tiny_model(folder: Path) -> Path:
+def write_tiny_model_in_subprocess(folder: Path) -> Path:
+    """`kvtune tiny-model FOLDER` as a child process, so the caller never imports torch (the in-process
+    writer is `kvtune.engine.model.tiny_model.write_tiny_model`)."""
     subprocess.run(cli_argv("tiny-model", str(folder)), check=True, capture_output=True)
     return folder
 

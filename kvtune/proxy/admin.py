@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from kvtune.contract.admin import CapSetting, ProxyAdminConfig, ProxyAdminConfigPatch
 from kvtune.front.admin import admin_router
 from kvtune.front.body import parse_json
-from kvtune.proxy.door import read_body
+from kvtune.proxy.request_intake import read_body
 
 
 def build_proxy_admin_router(

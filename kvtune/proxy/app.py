@@ -2,9 +2,10 @@
 report and the admin API, every error an OpenAI-style JSON body.
 
 The generate routes are served in front of the FastAPI app (`generate.GenerateFastPath`): a request is
-read and parsed once at the door; the cap decides whether its bytes go upstream unchanged or rewritten;
-the exchange itself (`relay.Forward`) starts the upstream request, and hands the parsed body to the
-prefix watch once the answer's first byte has been relayed, so tokenizing never delays the first token.
+read and parsed once at intake (`request_intake.py`); the cap decides whether its bytes go upstream
+unchanged or rewritten; the exchange itself (`relay.Forward`) starts the upstream request, and hands the
+parsed body to the prefix watch once the answer's first byte has been relayed, so tokenizing never
+delays the first token.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from kvtune.front.body import RequestBodyError
 from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, internal_error
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.cap import CHAT_FIELDS, COMPLETION_FIELDS, cap_body
-from kvtune.proxy.door import parse_object, read_asgi_body
 from kvtune.proxy.prefix_watch import CHAT_COMPLETIONS, COMPLETIONS
 from kvtune.proxy.relay import Forward
+from kvtune.proxy.request_intake import parse_object, read_asgi_body
 from kvtune.proxy.upstream import HOP_BY_HOP
 
 if TYPE_CHECKING:

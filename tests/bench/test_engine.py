@@ -182,7 +182,7 @@ def test_section_has_method_machine_and_notes() -> None:
     assert "32,768 usable KV tokens" in section
     assert "the tiny checkpoint (`kvtune tiny-model`: 4 layers, hidden 256, 8 heads, 2 KV heads" in section
     assert "2,363,136 parameters" in section
-    assert "Workload (the issue's): 96 requests" in section
+    assert "Workload (burst96-long): 96 requests" in section
     assert "**1.00×**" in section
     assert "Fairness notes:" in section and "Threads:" in section
 
@@ -215,9 +215,12 @@ def test_small_model_has_its_own_shorter_workload_and_the_issues_on_request() ->
     )
     assert (small.kv_cache_tokens, small.block_size, small.max_num_seqs) == (32_768, 32, 64)
     assert bench_engine.load_spec(small).num_requests == 32
-    issue = _args("--model", "small", "--workload", "issue17")
+    issue = _args("--model", "small", "--workload", "burst96-long")
     assert (issue.num_requests, tuple(issue.output_tokens)) == (96, (500, 1500))
-    assert workload(issue) == workload(_args())  # the issue's batch is one list whatever the model
+    assert workload(issue) == workload(_args())  # the long burst is one list whatever the model
+    old = _args("--model", "small", "--workload", "issue17")  # the deprecated name BENCHMARKS.md records
+    assert old.workload == "burst96-long"
+    assert workload(old) == workload(issue)
     explicit = _args("--model", "small", "--num-requests", "8", "--output-tokens", "10", "20")
     assert (explicit.num_requests, tuple(explicit.output_tokens)) == (8, (10, 20))
     assert not bench_engine.is_default_workload(explicit)
@@ -279,6 +282,6 @@ def test_small_section_says_the_model_its_size_and_why_the_workload_is_smaller(t
     assert "## kvtune serve against vLLM (`kvtune bench engine --model small --dtype bfloat16`)" in text
     assert "the small checkpoint (`kvtune tiny-model --size small`: 12 layers, hidden 1024" in text
     assert "135,822,336 parameters (135.8M)" in text
-    assert "Workload (the small model's default, smaller than the issue's 96 requests" in text
+    assert "Workload (the small model's default, smaller than burst96-long's 96 requests" in text
     assert "32 requests sent at once" in text and "100–300 output tokens" in text
     assert "**1.20×**" in text

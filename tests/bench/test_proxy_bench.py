@@ -20,7 +20,7 @@ from kvtune.bench.proxy import (
 )
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
-from kvtune.harness.engine_process import write_tiny_model
+from kvtune.harness.engine_process import write_tiny_model_in_subprocess
 from tests.server.live_server import start_server
 
 
@@ -78,7 +78,7 @@ def test_the_timestamp_is_unique_per_client_and_the_document_fixed() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny"))
+    return write_tiny_model_in_subprocess(tmp_path_factory.mktemp("tiny"))
 
 
 def test_bench_proxy_in_front_of_kvtune_serve(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:

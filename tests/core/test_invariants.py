@@ -252,7 +252,7 @@ def check_step(
         assert req.status is RequestStatus.RUNNING
         assert req in step.requests
     alloc = sched.allocator
-    assert alloc.pending_copies == [], "the step handed every copy-on-write copy to the runner"
+    assert alloc.take_copies() == [], "the step handed every copy-on-write copy to the runner"
     if isinstance(alloc, PagedAllocator):
         # A block written this step belongs to one sequence only (prefix hits and forks share read-only).
         bs = alloc.block_size

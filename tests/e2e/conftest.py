@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
 from tests.e2e.cluster import (
     REPO,
     Cluster,
@@ -89,7 +89,7 @@ def engines(pods: PodNetwork, tmp_path_factory: pytest.TempPathFactory) -> Itera
     folder = tmp_path_factory.mktemp("engines")
     token = folder / "token"
     token.write_text(ADMIN_TOKEN + "\n")
-    model = write_tiny_model(folder / "tiny")
+    model = write_tiny_model_in_subprocess(folder / "tiny")
     addresses = [pods.address(index) for index in ENGINE_INDEXES]
     port = pods.run(free_port, addresses)
     flags = ("--kv-cache-tokens", str(KV_CACHE_TOKENS), "--max-num-seqs", str(MAX_NUM_SEQS))

@@ -101,7 +101,7 @@ def _soak(tiny_dir: Path, allocator: str, ops: list[Add | Abort | Step]) -> tupl
             elif op.mode == "zero-max-tokens":
                 params.max_tokens = 0
             elif op.mode == "duplicate":
-                live = [r for r in accepted if engine.request_status(r) is not None]
+                live = [r for r in accepted if r in engine.scheduler.requests]
                 if not live:
                     continue
                 rid = live[0]

@@ -14,14 +14,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.engine_view import EngineView
-from kvtune.operator.decide.sample import Histogram, Sample, SampleResult
-from kvtune.operator.io.sources import parse_exposition
+from kvtune.operator.decide.sample import Histogram, NoData, Sample, SampleResult, sample_from_series
+from kvtune.operator.io.sources import exposition_series
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def fixture_text(name: str) -> str:
     return (FIXTURES / name).read_text()
+
+
+def parse_exposition(text: str, timestamp: float, source: str) -> SampleResult:
+    """A Prometheus text exposition -> Sample, or NoData when it does not parse: what
+    `MetricsEndpoint.read` makes of a scraped body, without the HTTP."""
+    try:
+        series = exposition_series(text)
+    except ValueError as err:
+        return NoData(source, f"unparsable metrics: {err}", timestamp)
+    return sample_from_series(series, timestamp, source)
 
 
 def recorded(name: str, timestamp: float, transform: dict[str, str] | None = None) -> SampleResult:

@@ -23,7 +23,7 @@ import pytest
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.contract.metrics import PREEMPTIONS
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.loop import Tick, hold_seconds, run_loop
@@ -112,7 +112,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EnginePro
     folder = tmp_path_factory.mktemp("alternating")
     token = folder / "token"
     token.write_text(TOKEN + "\n")
-    model = write_tiny_model(folder / "tiny")
+    model = write_tiny_model_in_subprocess(folder / "tiny")
     flags = ("--kv-cache-tokens", "1024", "--max-num-seqs", "64")
     live = [start_engine(model, token, folder / f"engine-{i}.log", *flags) for i in range(2)]
     try:

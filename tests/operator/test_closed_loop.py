@@ -19,7 +19,7 @@ from itertools import pairwise
 import pytest
 
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import engine_view_from_sample
@@ -79,7 +79,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     folder = tmp_path_factory.mktemp("closed_loop")
     token = folder / "token"
     token.write_text(TOKEN + "\n")
-    model = write_tiny_model(folder / "tiny")
+    model = write_tiny_model_in_subprocess(folder / "tiny")
     live = start_engine(
         model, token, folder / "engine.log", "--kv-cache-tokens", "1024", "--max-num-seqs", "64"
     )

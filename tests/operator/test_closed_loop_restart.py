@@ -19,7 +19,7 @@ import pytest
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
@@ -45,7 +45,7 @@ class Restartable:
         self.token = folder / "token"
         self.token.write_text(TOKEN + "\n")
         self.token.chmod(0o600)
-        self.model = write_tiny_model(folder / "tiny")
+        self.model = write_tiny_model_in_subprocess(folder / "tiny")
         self.live: EngineProcess = start_engine(self.model, self.token, folder / "engine.log", *FLAGS)
         self.url = self.live.url
         self.port = int(self.url.rsplit(":", 1)[1])

@@ -31,10 +31,10 @@ from kvtune.operator.decide.tuner import TunerState
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.local_metrics import LocalRecorder
 from kvtune.operator.io.own_metrics import OperatorMetrics
-from kvtune.operator.io.sources import parse_exposition
 from tests.operator.helpers import (
     fixture_text,
     metrics_answer,
+    parse_exposition,
     parse_series,
     recorded,
     series_names,

@@ -17,7 +17,7 @@ from kvtune.core.predict import Forecast
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode
 from kvtune.operator.decide.prediction import PredictionState
-from kvtune.operator.decide.tuner import Figures, HistoryEntry, Pending, TunerState
+from kvtune.operator.decide.tuner import HistoryEntry, JudgedFigures, Pending, TunerState
 from kvtune.operator.k8s import crd_yaml
 from kvtune.operator.k8s.crd import (
     KVTuningPolicy,
@@ -203,7 +203,7 @@ def test_defaults_fill_a_minimal_spec() -> None:
 
 
 def test_tuner_state_round_trips_through_status() -> None:
-    before = Figures(0.5, 100.0, 0.97, 3.0)
+    before = JudgedFigures(0.5, 100.0, 0.97, 3.0)
     state = TunerState(
         rung=Remedy.LOWER_MAX_NUM_SEQS,
         pending=Pending(1000.25, Remedy.LOWER_MAX_NUM_SEQS, "max_num_seqs", 64, 41, "lower", before,
@@ -217,7 +217,8 @@ def test_tuner_state_round_trips_through_status() -> None:
             HistoryEntry(990.5, "recommended", Remedy.CAP_MAX_TOKENS, "max_tokens_cap", None, 1800,
                          "recommended", "generation p99 1440", before),
             HistoryEntry(1000.25, "applied", Remedy.LOWER_MAX_NUM_SEQS, "max_num_seqs", 64, 41, "lower",
-                         "sized from the real concurrency ceiling", before, Figures(0.0, 120.0, 0.8, 1.0)),
+                         "sized from the real concurrency ceiling", before,
+                         JudgedFigures(0.0, 120.0, 0.8, 1.0)),
         ),
     )  # fmt: skip
     tuner, history = state_to_status(state)

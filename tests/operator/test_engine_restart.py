@@ -16,10 +16,9 @@ from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.ports import ActuatorResult
 from kvtune.operator.decide.restart import drifted, engine_restarted
 from kvtune.operator.decide.sample import Sample, SampleResult
-from kvtune.operator.decide.tuner import Figures, Pending, TunerState, _evaluate
-from kvtune.operator.io.sources import parse_exposition
+from kvtune.operator.decide.tuner import JudgedFigures, Pending, TunerState, _evaluate
 from kvtune.operator.k8s.crd import DesiredValues, KVTuningPolicyStatus, state_from_status, state_to_status
-from tests.operator.helpers import synthetic
+from tests.operator.helpers import parse_exposition, synthetic
 
 POLICY = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=2.0, cooldown_s=2.0)
 
@@ -165,7 +164,7 @@ def test_desired_values_survive_in_status_and_a_resumed_operator_applies_them() 
 
 
 def test_a_rollback_makes_the_old_value_the_desired_one() -> None:
-    figures = Figures(0.1, 500.0, 0.95, 2.0)
+    figures = JudgedFigures(0.1, 500.0, 0.95, 2.0)
     pending = Pending(0.0, Remedy.LOWER_MAX_NUM_SEQS, KNOB_MAX_NUM_SEQS, 12, 8, "lower", figures)
     state = TunerState(pending=pending).desire(KNOB_MAX_NUM_SEQS, 8)
     worse = Diagnosis("active", preemption_rate=5.0, goodput=100.0, waiting_mean=3.0, samples=4)

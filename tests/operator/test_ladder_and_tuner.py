@@ -19,7 +19,7 @@ from kvtune.operator.decide.ladder import (
 )
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.sample import Sample
-from kvtune.operator.decide.tuner import Decision, Figures, Pending, TunerState, decide
+from kvtune.operator.decide.tuner import Decision, JudgedFigures, Pending, TunerState, decide
 from kvtune.operator.decide.window import Window
 from tests.operator.helpers import kvtune_engine, synthetic
 
@@ -221,7 +221,7 @@ def test_raise_with_hysteresis_and_rollback_when_it_preempts() -> None:
 def test_a_one_seat_raise_that_preempts_goes_back_where_it_came_from() -> None:
     _, state = step(calm(0, 10, running=4, kv=0.5), kvtune_engine(4), TunerState(), 10)
     pending = Pending(
-        10, Remedy.LOWER_MAX_NUM_SEQS, KNOB_MAX_NUM_SEQS, 4, 5, "raise", Figures(0.0, 900.0, 0.5, 5.0)
+        10, Remedy.LOWER_MAX_NUM_SEQS, KNOB_MAX_NUM_SEQS, 4, 5, "raise", JudgedFigures(0.0, 900.0, 0.5, 5.0)
     )
     state = replace(state, pending=pending, last_action_at=10, rung=Remedy.LOWER_MAX_NUM_SEQS)
     samples = [synthetic(10, preemptions=50, generated=9000, kv=0.9, running=5, waiting=5),

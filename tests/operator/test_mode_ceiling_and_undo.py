@@ -20,7 +20,7 @@ import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with 
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION, effective_mode
 from kvtune.operator.decide.policy import Mode
-from kvtune.operator.decide.tuner import Figures, HistoryEntry
+from kvtune.operator.decide.tuner import HistoryEntry, JudgedFigures
 from kvtune.operator.decide.undo import first_values
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
@@ -45,7 +45,7 @@ from tests.operator.test_handlers_kmock import (  # the emulator and its fixture
 
 __all__ = ["kube", "metrics_server", "metrics_url"]  # fixtures, imported for pytest to find
 REF = PolicyRef(NS, "llama", "uid-llama")
-NO_FIGURES = Figures(None, None, None, None)
+NO_FIGURES = JudgedFigures(None, None, None, None)
 
 
 def test_the_mode_is_the_lower_of_the_policys_and_the_ceiling() -> None:

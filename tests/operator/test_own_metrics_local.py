@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvtune.cli import main
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model
+from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.harness.local_http import free_port
 from kvtune.harness.server import cli_argv
@@ -54,7 +54,7 @@ POLL_S = 0.05
 def engine(tmp_path: Path) -> Iterator[EngineProcess]:
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
-    model = write_tiny_model(tmp_path / "tiny")
+    model = write_tiny_model_in_subprocess(tmp_path / "tiny")
     live = start_engine(
         model, token, tmp_path / "engine.log", "--kv-cache-tokens", "1024", "--max-num-seqs", "64"
     )

@@ -12,8 +12,8 @@ import pytest
 
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.sample import NoData, Sample
-from kvtune.operator.io.sources import MetricsEndpoint, PrometheusSource, parse_exposition
-from tests.operator.helpers import fixture_text, prometheus_vector, recorded
+from kvtune.operator.io.sources import MetricsEndpoint, PrometheusSource
+from tests.operator.helpers import fixture_text, parse_exposition, prometheus_vector, recorded
 
 SGLANG = """\
 # TYPE sglang:token_usage gauge

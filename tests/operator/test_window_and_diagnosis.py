@@ -117,7 +117,7 @@ def test_sglang_window_diagnoses_retractions() -> None:
 
 
 def recorded_text(text: str, t: float) -> Sample:
-    from kvtune.operator.io.sources import parse_exposition
+    from tests.operator.helpers import parse_exposition
 
     sample = parse_exposition(text, t, "sglang")
     assert isinstance(sample, Sample)

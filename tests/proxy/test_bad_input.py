@@ -1,4 +1,4 @@
-"""Bodies refused at the proxy's door get the engine's own 400/413 answers, and never reach the upstream."""
+"""Bodies refused at the proxy's intake get the engine's own 400/413 answers, and never reach the upstream."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ class LiveServer:
 
     def on_engine(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn` on the engine thread between steps (the engine is not thread-safe)."""
-        return self.built.async_engine.call_sync(fn)
+        return self.built.async_engine.submit(fn).result(30.0)
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -20,7 +20,8 @@ from kvtune.operator.decide.ladder import flag_prefix_defeat
 from kvtune.operator.decide.policy import TuningPolicy
 from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.window import Window
-from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, parse_exposition
+from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
+from tests.operator.helpers import parse_exposition
 from tests.proxy.live_proxy import LiveProxy
 from tests.proxy.test_prefix_report import clean_chat, stamped_chat
 from tests.sglang.conftest import TENANT_HEADER

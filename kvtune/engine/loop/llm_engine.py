@@ -553,7 +553,3 @@ class LLMEngine:
     @property
     def held_empty_slots(self) -> int:
         return self.allocator.slots_held - tokens_held(self.scheduler)
-
-    def request_status(self, request_id: str) -> RequestStatus | None:
-        req = self.scheduler.requests.get(request_id)
-        return None if req is None else req.status

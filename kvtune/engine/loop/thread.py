@@ -264,10 +264,6 @@ class AsyncEngine:
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
         return await asyncio.wrap_future(self.submit(fn))
 
-    def call_sync(self, fn: Callable[[LLMEngine], T], timeout: float = 30.0) -> T:
-        """For threads other than the event loop's (tests, shutdown code)."""
-        return self.submit(fn).result(timeout)
-
     # --- requests --------------------------------------------------------------------------------------
     @property
     def waiting_limit(self) -> int | None:

@@ -213,8 +213,8 @@ def probe_max_num_seqs(d: Diagnosis, engine: EngineView, policy: TuningPolicy, u
     The first cut (pooled p95) is on the safe side, since residents are part-way through their generations
     and hold less than their full footprint. Creeping back up one seat at a time on sampled KV headroom took
     a noisy while to happen or not, where pool / mean footprint landed on the sweep-best value at once
-    (BENCHMARKS.md, the tuner sections). A probe that
-    preempts is rolled back and its value is not tried again for `unsafe_memory_s`."""
+    (BENCHMARKS.md, the tuner sections). A probe that preempts is rolled back and its value is not tried
+    again for `unsafe_memory_s`."""
     current = engine.max_num_seqs
 
     def no(evidence: str) -> Advice:

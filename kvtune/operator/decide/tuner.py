@@ -47,7 +47,7 @@ Value = int | str | None
 
 
 @dataclass(frozen=True)
-class Figures:
+class JudgedFigures:
     """What an action is judged by, measured before and after it."""
 
     preemption_rate: float | None
@@ -56,8 +56,8 @@ class Figures:
     waiting_mean: float | None
 
     @staticmethod
-    def of(d: Diagnosis) -> Figures:
-        return Figures(d.preemption_rate, d.goodput, d.kv_usage_max, d.waiting_mean)
+    def of(d: Diagnosis) -> JudgedFigures:
+        return JudgedFigures(d.preemption_rate, d.goodput, d.kv_usage_max, d.waiting_mean)
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class HistoryEntry:
     after: Value
     reason: str
     evidence: str
-    before_figures: Figures
-    after_figures: Figures | None = None
+    before_figures: JudgedFigures
+    after_figures: JudgedFigures | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Pending:
     before: Value
     after: Value
     direction: str  # cap, lower, raise, predict
-    before_figures: Figures
+    before_figures: JudgedFigures
     held_at: float | None = None  # when the new limit was first seen holding (kept: the window slides)
 
 
@@ -120,8 +120,8 @@ class TunerState:
         """A restart with a different KV pool (FP8 KV, more memory): the max_num_seqs the operator held was
         sized for the old pool, so it is no longer desired, nor is the seat count seen preempting, and the
         rung may act again: the engine comes up at its flag, and the first cut and the probe size it for the
-        new pool. (Putting the old value back and creeping up one seat per two windows hid, in the demo,
-        the residency a doubled pool buys.) The cap, sized from the workload's answers, is kept."""
+        new pool: putting the old value back and creeping up one seat per two windows would hide, for many
+        windows, the residency a larger pool buys. The cap, sized from the workload's answers, is kept."""
         pending = self.pending if self.pending is None or self.pending.knob != KNOB_MAX_NUM_SEQS else None
         return replace(
             self,
@@ -229,7 +229,7 @@ def held_since(window: Window, pending: Pending) -> float | None:
 
 def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
     """Why the pending change must be rolled back, or None to keep it."""
-    before, after = pending.before_figures, Figures.of(d)
+    before, after = pending.before_figures, JudgedFigures.of(d)
     rate_before, rate_after = before.preemption_rate or 0.0, after.preemption_rate or 0.0
     demand_held = (before.waiting_mean or 0) > 0 and (after.waiting_mean or 0) > 0
     goodput_fell = (
@@ -245,10 +245,9 @@ def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
             return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s"
         return None
     # a cap or a lowering cannot preempt more: fewer residents, or shorter generations, hold fewer blocks.
-    # A higher rate than a before-window that caught the load warming up is noise, not the change's doing:
-    # a lowering that still preempts is followed by a feedback step down (the closed-loop restart test undid
-    # 64 -> 10 on 3.08 -> 4.36/s and stayed at 64), and a cap stays (the demo's cap was undone within 5 s on
-    # 1.97 -> 2.21/s). Only the goodput rule can undo them.
+    # A higher rate than a before-window that caught the load warming up is noise, not the change's doing,
+    # and undoing on it would put back the value that preempted. So a lowering that still preempts is
+    # followed by a feedback step down, and a cap stays. Only the goodput rule can undo them.
     if goodput_fell and rate_after >= rate_before:
         return f"goodput fell {before.goodput:.0f} -> {after.goodput:.0f} tokens/s without fewer preemptions"
     return None
@@ -257,7 +256,7 @@ def _judge(pending: Pending, d: Diagnosis, policy: TuningPolicy) -> str | None:
 def _evaluate(
     pending: Pending, d: Diagnosis, policy: TuningPolicy, state: TunerState, now: float
 ) -> tuple[TunerState, Change | None]:
-    after = Figures.of(d)
+    after = JudgedFigures.of(d)
     history = tuple(
         replace(h, after_figures=after) if h.at == pending.at and h.kind == "applied" else h
         for h in state.history
@@ -294,7 +293,7 @@ def _evaluate(
     return replace(state, last_action_at=now), change
 
 
-def _step_back(pending: Pending, after: Figures) -> int | None:
+def _step_back(pending: Pending, after: JudgedFigures) -> int | None:
     """Where a raise of several seats that preempted goes: one seat below it, or None to go back to where
     it came from. Preempting at N proves N seats too many, not every seat the probe added: going back to
     the first cut and creeping up one seat per window took eight windows on the tuner benchmark's
@@ -307,7 +306,7 @@ def _step_back(pending: Pending, after: Figures) -> int | None:
 
 
 def _step_back_from(
-    pending: Pending, target: int, reason: str, figures: Figures, state: TunerState, now: float
+    pending: Pending, target: int, reason: str, figures: JudgedFigures, state: TunerState, now: float
 ) -> tuple[TunerState, Change]:
     """Step a preempting probe back one seat, and judge that like any lowering: if it still preempts, the
     feedback steps further down; the probe's value stays unsafe for `unsafe_memory_s`."""
@@ -327,7 +326,7 @@ def _act(
     advice: Advice, direction: str, d: Diagnosis, state: TunerState, now: float
 ) -> tuple[Decision, TunerState]:
     assert advice.knob is not None
-    figures = Figures.of(d)
+    figures = JudgedFigures.of(d)
     change = Change(advice.knob, advice.recommended, advice.current, advice.remedy, advice.evidence)
     pending = Pending(now, advice.remedy, advice.knob, advice.current, advice.recommended, direction, figures)
     rung = advice.remedy if advice.remedy in LADDER else state.rung  # a predicted move is no rung
@@ -360,7 +359,7 @@ def _report(advice: Advice, d: Diagnosis, state: TunerState, now: float) -> tupl
     rung = advice.remedy if advice.remedy in LADDER else state.rung
     state = replace(state, reported=state.reported | {key}, rung=rung)
     entry = HistoryEntry(now, kind, advice.remedy, advice.knob, advice.current, advice.recommended, kind,
-                         advice.evidence, Figures.of(d))  # fmt: skip
+                         advice.evidence, JudgedFigures.of(d))  # fmt: skip
     return True, state.record(entry)
 
 
@@ -398,7 +397,7 @@ def _lowering_held(state: TunerState) -> bool:
     )
 
 
-def _with_after(state: TunerState, pending: Pending, after: Figures) -> TunerState:
+def _with_after(state: TunerState, pending: Pending, after: JudgedFigures) -> TunerState:
     history = tuple(
         replace(h, after_figures=after) if h.at == pending.at and h.kind == "applied" else h
         for h in state.history
@@ -409,7 +408,7 @@ def _with_after(state: TunerState, pending: Pending, after: Figures) -> TunerSta
 def _verify_jump(pending: Pending, d: Diagnosis, state: TunerState, now: float) -> TunerState:
     """The evaluation window after a predicted move: it bears the forecast out, or it is a miss (the value
     is then unsafe if it preempted, and the next decision refits, or steps by measurement after two)."""
-    state = _with_after(state, pending, Figures.of(d))
+    state = _with_after(state, pending, JudgedFigures.of(d))
     forecast = state.prediction.forecast
     if forecast is None:
         return state

@@ -17,14 +17,14 @@ from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_M
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
 from kvtune.operator.decide.ports import Actuator
-from kvtune.operator.decide.tuner import Figures, HistoryEntry, TunerState, Value
+from kvtune.operator.decide.tuner import HistoryEntry, JudgedFigures, TunerState, Value
 
 REMEDY_OF = {
     KNOB_MAX_TOKENS_CAP: Remedy.CAP_MAX_TOKENS,
     KNOB_MAX_NUM_SEQS: Remedy.LOWER_MAX_NUM_SEQS,
     KNOB_KV_CACHE_DTYPE: Remedy.RECOMMEND_FP8_KV,
 }
-NO_FIGURES = Figures(None, None, None, None)
+NO_FIGURES = JudgedFigures(None, None, None, None)
 
 
 def first_values(saved: Mapping[str, Value], history: Iterable[HistoryEntry]) -> dict[str, Value]:

@@ -43,15 +43,6 @@ def exposition_series(text: str) -> list[Series]:
     ]
 
 
-def parse_exposition(text: str, timestamp: float, source: str) -> SampleResult:
-    """A Prometheus text exposition (0.0.4 or OpenMetrics) -> Sample, or NoData when it does not parse."""
-    try:
-        series = exposition_series(text)
-    except ValueError as err:
-        return NoData(source, f"unparsable metrics: {err}", timestamp)
-    return sample_from_series(series, timestamp, source)
-
-
 def url_problem(url: str) -> str | None:
     """Why `url` cannot be an HTTP(S) base URL (checked before any request, so a typo is one clear line
     instead of a traceback), or None when it can."""

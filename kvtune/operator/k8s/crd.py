@@ -19,7 +19,7 @@ from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.prediction import PredictionState
 from kvtune.operator.decide.status import ConditionState, ConditionStatus, ConditionType
-from kvtune.operator.decide.tuner import HISTORY_LIMIT, Figures, HistoryEntry, Pending, TunerState
+from kvtune.operator.decide.tuner import HISTORY_LIMIT, HistoryEntry, JudgedFigures, Pending, TunerState
 
 GROUP = "kvtune.dev"
 VERSION = "v1alpha1"
@@ -444,23 +444,23 @@ class UndoStatus(CamelModel):
     message: str = ""
 
 
-class FiguresModel(CamelModel):
+class JudgedFiguresModel(CamelModel):
     preemption_rate: float | None = None
     goodput: float | None = None
     kv_usage_max: float | None = None
     waiting_mean: float | None = None
 
     @staticmethod
-    def of(figures: Figures) -> FiguresModel:
-        return FiguresModel(
+    def of(figures: JudgedFigures) -> JudgedFiguresModel:
+        return JudgedFiguresModel(
             preemption_rate=figures.preemption_rate,
             goodput=figures.goodput,
             kv_usage_max=figures.kv_usage_max,
             waiting_mean=figures.waiting_mean,
         )
 
-    def figures(self) -> Figures:
-        return Figures(self.preemption_rate, self.goodput, self.kv_usage_max, self.waiting_mean)
+    def judged_figures(self) -> JudgedFigures:
+        return JudgedFigures(self.preemption_rate, self.goodput, self.kv_usage_max, self.waiting_mean)
 
 
 def _time(at: float) -> datetime:
@@ -479,8 +479,8 @@ class HistoryItem(CamelModel):
     after: KnobValue = None
     reason: str = ""
     evidence: str = ""
-    before_figures: FiguresModel
-    after_figures: FiguresModel | None = None
+    before_figures: JudgedFiguresModel
+    after_figures: JudgedFiguresModel | None = None
 
     @staticmethod
     def of(entry: HistoryEntry) -> HistoryItem:
@@ -494,15 +494,15 @@ class HistoryItem(CamelModel):
             after=entry.after,
             reason=entry.reason,
             evidence=entry.evidence,
-            before_figures=FiguresModel.of(entry.before_figures),
-            after_figures=FiguresModel.of(entry.after_figures) if entry.after_figures else None,
+            before_figures=JudgedFiguresModel.of(entry.before_figures),
+            after_figures=JudgedFiguresModel.of(entry.after_figures) if entry.after_figures else None,
         )
 
     def entry(self) -> HistoryEntry:
         return HistoryEntry(
             self.at, self.kind, Remedy(self.remedy), self.knob, self.before, self.after, self.reason,
-            self.evidence, self.before_figures.figures(),
-            self.after_figures.figures() if self.after_figures else None,
+            self.evidence, self.before_figures.judged_figures(),
+            self.after_figures.judged_figures() if self.after_figures else None,
         )  # fmt: skip
 
 
@@ -513,7 +513,7 @@ class PendingModel(CamelModel):
     before: KnobValue = None
     after: KnobValue = None
     direction: Direction
-    before_figures: FiguresModel
+    before_figures: JudgedFiguresModel
     held_at: float | None = Field(None, description="epoch seconds the new limit was first seen holding")
 
 
@@ -690,7 +690,7 @@ def state_to_status(state: TunerState) -> tuple[TunerStateModel, list[HistoryIte
             before=pending.before,
             after=pending.after,
             direction=cast(Direction, pending.direction),
-            before_figures=FiguresModel.of(pending.before_figures),
+            before_figures=JudgedFiguresModel.of(pending.before_figures),
             held_at=pending.held_at,
         )
         if pending
@@ -717,7 +717,7 @@ def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
         rung=Remedy(saved.rung) if saved.rung else None,
         pending=Pending(
             pending.at, Remedy(pending.remedy), pending.knob, pending.before, pending.after,
-            pending.direction, pending.before_figures.figures(), pending.held_at,
+            pending.direction, pending.before_figures.judged_figures(), pending.held_at,
         )
         if pending
         else None,

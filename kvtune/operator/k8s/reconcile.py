@@ -32,7 +32,7 @@ from kvtune.operator.decide.status import (
     recommended_knobs,
     record_tick,
 )
-from kvtune.operator.decide.tuner import Figures, HistoryEntry, TunerState, Value
+from kvtune.operator.decide.tuner import HistoryEntry, JudgedFigures, TunerState, Value
 from kvtune.operator.decide.undo import first_values, undo
 from kvtune.operator.io.own_metrics import (
     ERROR_ACTUATOR,
@@ -134,7 +134,7 @@ def conditions_of(states: list[ConditionState]) -> list[Condition]:
     return [Condition.of(state) for state in states]
 
 
-def _figures(figures: Figures | None) -> str:
+def _judged_figures(figures: JudgedFigures | None) -> str:
     if figures is None:
         return "n/a"
     rate = "n/a" if figures.preemption_rate is None else f"{figures.preemption_rate:.2f}/s"
@@ -150,10 +150,10 @@ def history_event(entry: HistoryEntry, flag: str | None = None) -> EventSpec:
         what += f" through {flag}"
     message = (
         f"{entry.remedy.value} {entry.kind}: {what}; why: {entry.reason}; evidence: {entry.evidence}; "
-        f"before: {_figures(entry.before_figures)}"
+        f"before: {_judged_figures(entry.before_figures)}"
     )
     if entry.after_figures is not None:
-        message += f"; after: {_figures(entry.after_figures)}"
+        message += f"; after: {_judged_figures(entry.after_figures)}"
     return EventSpec(kind, reason, message, entry.remedy.value)
 
 

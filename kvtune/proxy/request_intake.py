@@ -1,4 +1,4 @@
-"""The proxy's door: a request body read under the size limit and parsed once, with the engine's checks.
+"""The proxy's request intake: a body read under the size limit and parsed once, with the engine's checks.
 
 The engine checks the size in an ASGI middleware, which answers before any route runs; the proxy reads the
 body inside its routes instead, so every refused request is still counted once in
