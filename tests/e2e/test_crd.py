@@ -59,6 +59,7 @@ BROKEN_RULES: list[tuple[dict[str, Any], str]] = [
      "metricsUrl reads one engine: with target.podEndpoints omit metrics"),
     ({"target": KVTUNE, "metrics": {"prometheus": {**PROM, "byPod": True}}},
      "prometheus.byPod on a kvtune engine needs target.podEndpoints"),
+    ({**GOOD, "objective": "Goodput"}, "the Goodput objective needs p95QueueWaitBoundSeconds"),
 ]  # fmt: skip
 # values the structural schema refuses, and what the API server says
 BAD_VALUES: list[tuple[tuple[str, ...], object, str]] = [
