@@ -16,6 +16,7 @@ from typing import Any
 from kvtune.contract import metrics as m
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.workload_fit import EngineSettings, MetricsWindow, Scrape
+from kvtune.operator.decide.fit_window import scrape_of
 from kvtune.operator.decide.sample import Histogram, Sample, Series
 
 ITL_SERIES = "vllm:inter_token_latency_seconds"
@@ -72,23 +73,6 @@ def coarsen(buckets: Buckets | None, bounds: Sequence[float] = VLLM_SIZE_BOUNDS)
             raise ValueError(f"the fine histogram has no bound near {bound:g}: it cannot be coarsened")
         kept.append((bound, fine[nearest]))
     return replace(buckets, cumulative=(*kept, (math.inf, fine[math.inf])))
-
-
-def _finished(sample: Sample) -> float:
-    return sum(v for k, v in sample.counters.items() if k.startswith(m.REQUEST_SUCCESS + ":"))
-
-
-def scrape_of(sample: Sample) -> Scrape:
-    c, g = sample.counters, sample.gauges
-    return Scrape(
-        at=sample.timestamp,
-        running=g.get(m.RUNNING, 0.0),
-        waiting=g.get(m.WAITING, 0.0),
-        generated_tokens=c.get(m.GENERATION_TOKENS, 0.0),
-        prompt_tokens=c.get(m.PROMPT_TOKENS, 0.0),
-        finished_requests=_finished(sample),
-        preemptions=c.get(m.PREEMPTIONS, 0.0),
-    )
 
 
 def settings_of(sample: Sample) -> EngineSettings | None:
