@@ -17,7 +17,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MAX_TILT = 60.0  # |θ| × the widest bucket: beyond it all of a bucket's mass sits at one end anyway
+MAX_TILT = 4096.0  # |θ| × the widest bucket: lengths are whole numbers, so a bucket whose lengths all sit on
+# its edge (mean = edge - 0.5) needs θ × width ≈ 2 × width; this reaches that for any bucket up to 2,048 wide
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ def _tilted_cdf(low: float, high: float, theta: float, x: float) -> float:
     z = theta * (high - low)
     if abs(z) < 1e-9:
         return (x - low) / (high - low)
+    if z > 0:  # written from the high end so that a steep tilt cannot overflow
+        return (math.exp(theta * (x - high)) - math.exp(-z)) / -math.expm1(-z)
     return math.expm1(theta * (x - low)) / math.expm1(z)
 
 
