@@ -48,6 +48,9 @@ def operator_metrics() -> Iterator[str]:
                 recommended={"max_num_seqs": 40, "max_tokens_cap": 0}, rung=2,
                 conditions={"Preempting": True, "Stable": False, "ModeCapped": False},
                 errors=(ERROR_APPLY,), interval_s=15.0,
+                # prediction is on by default (issue 28): the forecast panels read these
+                predicted_preemptions_per_min=0.0, observed_preemptions_per_min=12.0, prediction_misses=1,
+                objective="NoPreemption",
             ))  # fmt: skip
             stop.wait(0.5)
 
