@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvtune.engine.model.widened_linear import NATIVE_BF16_FLAGS
+from kvtune.engine.model.widened_linear import NATIVE_BF16_FLAGS, replace_bf16_linears
 
 # Rows the reordered layout is chosen for: a decode batch (the layout serves any row count).
 _BATCH_HINT = 64
@@ -51,10 +51,4 @@ class PackedLinear(nn.Module):
 
 def pack_bf16_linears(model: nn.Module) -> int:
     """Replace every bfloat16 `nn.Linear` inside `model` by a PackedLinear; returns how many were replaced."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, PackedLinear(child))
-                replaced += 1
-    return replaced
+    return replace_bf16_linears(model, PackedLinear)

@@ -12,6 +12,8 @@ weights are held as float32, twice their bfloat16 size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,12 +44,17 @@ class WidenedLinear(nn.Module):
         return F.linear(x.float(), self.weight, self.bias).to(self.out_dtype)
 
 
-def widen_bf16_linears(model: nn.Module) -> int:
-    """Replace every bfloat16 `nn.Linear` inside `model` by a WidenedLinear; returns how many were replaced."""
+def replace_bf16_linears(model: nn.Module, wrap: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replace every bfloat16 `nn.Linear` inside `model` by `wrap(linear)`; returns how many were replaced."""
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, WidenedLinear(child))
+                setattr(parent, name, wrap(child))
                 replaced += 1
     return replaced
+
+
+def widen_bf16_linears(model: nn.Module) -> int:
+    """Replace every bfloat16 `nn.Linear` inside `model` by a WidenedLinear; returns how many were replaced."""
+    return replace_bf16_linears(model, WidenedLinear)
