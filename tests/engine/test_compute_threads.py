@@ -82,7 +82,7 @@ def test_a_served_engine_thread_runs_on_the_engine_cores(tiny_dir: Path) -> None
     built = serve.build_server(parser.parse_args(["--model", str(tiny_dir), "--threads", "1"]))
     built.async_engine.start()
     try:
-        on_engine = built.async_engine.call_sync(lambda _engine: os.sched_getaffinity(0))
+        on_engine = built.async_engine.submit(lambda _engine: os.sched_getaffinity(0)).result(30.0)
         assert on_engine == {allowed_cores()[-1]}
         assert os.sched_getaffinity(0) == set(allowed_cores())  # this thread (the event loop's) is free
     finally:
