@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,8 +23,8 @@ import httpx
 from kvtune.bench.connection_probes import idle_crowd, slowloris
 from kvtune.front.connections import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S
 from kvtune.harness.engine_process import write_tiny_model_in_subprocess
-from kvtune.harness.local_http import free_port, wait_for
-from kvtune.harness.server import cli_argv
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import ServerProcess, cli_argv
 
 SECTION = "connections"
 
@@ -75,18 +74,10 @@ def measure(front: str, url: str, idle: int, crowds: int, quiet: int) -> FrontFi
 
 
 @contextmanager
-def child(command: list[str], log: Path, ready: str) -> Iterator[None]:
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for(ready, timeout=300)
+def child(command: list[str], port: int, log: Path, name: str) -> Iterator[None]:
+    with ServerProcess(command, port, log, name=name, append=True) as server:
+        server.wait_ready(300)
         yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def ms(seconds: float) -> str:
@@ -131,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
                                str(engine_port), "--threads", "1", "--log-stats-interval", "0")  # fmt: skip
         front = cli_argv("proxy", "--upstream", engine, "--model-dir", str(model), "--port", str(proxy_port))
         rows = []
-        with child(serve, args.log_dir / "connections-engine.log", f"{engine}/health"):
+        with child(serve, engine_port, args.log_dir / "connections-engine.log", "kvtune serve"):
             rows.append(measure("kvtune serve", engine, args.idle, args.crowds, args.quiet))
-            with child(front, args.log_dir / "connections-proxy.log", f"{proxy}/health"):
+            with child(front, proxy_port, args.log_dir / "connections-proxy.log", "kvtune proxy"):
                 rows.append(measure("kvtune proxy", proxy, args.idle, args.crowds, args.quiet))
     table = format_table(rows)
     print(table)

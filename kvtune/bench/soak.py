@@ -22,8 +22,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from kvtune.harness.local_http import free_port, wait_for
-from kvtune.harness.server import cli_argv
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import ServerProcess, cli_argv
 
 SECTION = "soak"
 ENGINE_FLAGS = ("--kv-cache-tokens", "1024", "--max-num-seqs", "8", "--max-waiting-requests", "256",
@@ -216,38 +214,21 @@ def wait_idle(url: str, timeout_s: float = 120.0) -> dict[str, float]:
         time.sleep(0.2)
 
 
-@dataclass
-class Engine:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-
-
 def start(
     log: Path,
     tracemalloc_frames: int,
     extra_env: dict[str, str] | None = None,
     extra_flags: tuple[str, ...] = (),
-) -> Engine:
+) -> ServerProcess:
     port = free_port()
     env = {**os.environ, "KVTUNE_TRACEMALLOC": str(tracemalloc_frames), **(extra_env or {})}
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            cli_argv("serve", "--tiny", "--served-model-name", "tiny", "--port", str(port), *ENGINE_FLAGS,
-                           *extra_flags),
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-    engine = Engine(f"http://127.0.0.1:{port}", process)
+    argv = cli_argv(
+        "serve", "--tiny", "--served-model-name", "tiny", "--port", str(port), *ENGINE_FLAGS, *extra_flags
+    )
+    engine = ServerProcess(argv, port, log, name="the engine", append=True, env=env)
     try:
-        wait_for(f"{engine.url}/health", timeout=300)
-    except TimeoutError:
+        engine.wait_ready(300)
+    except BaseException:
         engine.stop()
         raise
     return engine

@@ -37,11 +37,11 @@ from kvtune.core.predict import Forecast
 from kvtune.errors import KvtuneError
 from kvtune.harness.engine_process import (
     ENGINE_THREADS,
-    EngineProcess,
     start_engine,
     write_tiny_model_in_subprocess,
 )
 from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.sample import NoData, Sample
@@ -332,7 +332,7 @@ def prediction_rows(
     return rows
 
 
-def _bench(engine: EngineProcess, shape: LoadShape, sweep: list[int], args: argparse.Namespace) -> str:
+def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argparse.Namespace) -> str:
     source = MetricsEndpoint(engine.url)
     actuator = KvtuneAdminActuator(engine.url, TOKEN)
     pid = engine.process.pid

@@ -74,11 +74,11 @@ from kvtune.core.workload_fit import (
 from kvtune.errors import KvtuneError
 from kvtune.harness.engine_process import (
     ENGINE_THREADS,
-    EngineProcess,
     start_engine,
     write_tiny_model_in_subprocess,
 )
 from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.sample import NoData, sample_from_series
 from kvtune.operator.io.actuators import KvtuneAdminActuator
 from kvtune.operator.io.sources import MetricsEndpoint
@@ -230,7 +230,7 @@ def _scraped(source: MetricsEndpoint, seconds: float) -> list[Reading]:
     return readings
 
 
-def _measure(engine: EngineProcess, source: MetricsEndpoint, value: int, seconds: float) -> Window:
+def _measure(engine: ServerProcess, source: MetricsEndpoint, value: int, seconds: float) -> Window:
     cpu_before = cpu_seconds(engine.process.pid)
     readings = _scraped(source, seconds)
     cpu = cpu_seconds(engine.process.pid) - cpu_before
@@ -247,7 +247,7 @@ def _measure(engine: EngineProcess, source: MetricsEndpoint, value: int, seconds
                   last.preemptions - first.preemptions, point, cpu / span)  # fmt: skip
 
 
-def _static(engine: EngineProcess, source: MetricsEndpoint, actuator: KvtuneAdminActuator, value: int,
+def _static(engine: ServerProcess, source: MetricsEndpoint, actuator: KvtuneAdminActuator, value: int,
             args: argparse.Namespace, label: str) -> Window:  # fmt: skip
     outcome = actuator.apply("max_num_seqs", value)
     for _ in range(ATTEMPTS - 1):
@@ -295,7 +295,7 @@ def _plan_timing(fit_input: MetricsWindow, repeats: int = 5) -> dict[str, float]
 
 
 def _fit_window(
-    engine: EngineProcess, source: MetricsEndpoint, workload: Workload, args: argparse.Namespace
+    engine: ServerProcess, source: MetricsEndpoint, workload: Workload, args: argparse.Namespace
 ) -> tuple[list[Reading], MetricsWindow, FittedWorkload, float]:
     """Settle, then scrape the fit window (extended by half its length while the fit finds it
     insufficient, as an operator waits for more evidence); the engine's CPU share over it."""
@@ -316,7 +316,7 @@ def _fit_window(
     return readings, window, fit, (cpu_seconds(engine.process.pid) - cpu_before) / span
 
 
-def _with_engine(workload: Workload, run: Callable[[EngineProcess], Result]) -> Result:
+def _with_engine(workload: Workload, run: Callable[[ServerProcess], Result]) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         (folder / "token").write_text(TOKEN)
@@ -334,7 +334,7 @@ def run_workload(workload: Workload, args: argparse.Namespace) -> Result:
     return _with_engine(workload, lambda engine: _bench(engine, workload, shape, args))
 
 
-def _bench(engine: EngineProcess, workload: Workload, shape: LoadShape, args: argparse.Namespace) -> Result:
+def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: argparse.Namespace) -> Result:
     source = MetricsEndpoint(engine.url, timeout=HTTP_TIMEOUT_S)
     actuator = KvtuneAdminActuator(engine.url, TOKEN, timeout=HTTP_TIMEOUT_S)
     load_before = os.getloadavg()
@@ -847,7 +847,7 @@ def timing_only(chosen: list[Workload], folder: Path, args: argparse.Namespace) 
 
 
 # --- the edge over long windows ---------------------------------------------------------------------
-def _edge(engine: EngineProcess, workload: Workload, args: argparse.Namespace) -> Result:
+def _edge(engine: ServerProcess, workload: Workload, args: argparse.Namespace) -> Result:
     """Fit, find the NoPreemption edge at margin 0 (its values decided on the pooled seeds), then measure
     the two values on either side of it for `args.edge_seconds` each: preemptions per generated token over
     a window long enough to see a rare one, which two short sweep windows can miss."""

@@ -1,31 +1,15 @@
-"""Start `kvtune serve` as a child process on a free loopback port (for benchmarks and tests): the operator
-reaches engines over HTTP only, so it starts one the same way a user would."""
+"""Start `kvtune serve` on the tiny model as a `ServerProcess` on a free loopback port (for benchmarks and
+tests): the operator reaches engines over HTTP only, so it starts one the same way a user would."""
 
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
-from kvtune.harness.local_http import free_port, wait_for
-from kvtune.harness.server import cli_argv
+from kvtune.harness.local_http import free_port
+from kvtune.harness.server import ServerProcess, cli_argv
 
 ENGINE_THREADS = 1  # torch threads of each started engine: several engines and a load share a small machine
-
-
-@dataclass
-class EngineProcess:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
 
 
 def write_tiny_model_in_subprocess(folder: Path) -> Path:
@@ -43,7 +27,7 @@ def start_engine(
     port: int | None = None,
     host: str = "127.0.0.1",
     boot_timeout: float = 60.0,
-) -> EngineProcess:
+) -> ServerProcess:
     """`kvtune serve --model DIR` with an admin token, ENGINE_THREADS torch threads and the given flags, on `port`
     (default: a free one; pass the old one to restart an engine where its clients expect it) on `host` (an
     address of its own: the pods of one Service share a port, each on its own address)."""
@@ -52,13 +36,10 @@ def start_engine(
         "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--host", host, "--port", str(port),
         "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
     )  # fmt: skip
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://{host}:{port}"
-    engine = EngineProcess(url, process, log)
+    engine = ServerProcess(command, port, log, name="the engine", append=True, host=host, poll_s=0.1)
     try:
-        wait_for(f"{url}/metrics", boot_timeout)
-    except TimeoutError:
+        engine.wait_ready(boot_timeout)
+    except BaseException:
         engine.stop()
         raise
     return engine

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import socket
-import time
 import urllib.request
-
-import httpx
 
 
 def free_port() -> int:
@@ -25,16 +22,3 @@ def health_ok(url: str) -> bool:
             return status == 200
     except (OSError, ValueError):
         return False
-
-
-def wait_for(url: str, timeout: float = 60.0) -> None:
-    """Wait until `url` answers 200 (an engine booting)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")

@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
+from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subprocess
+from kvtune.harness.server import ServerProcess
 from tests.e2e.cluster import (
     REPO,
     Cluster,
@@ -83,7 +84,7 @@ def pods() -> Iterator[PodNetwork]:
 
 
 @pytest.fixture(scope="package")
-def engines(pods: PodNetwork, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineProcess]]:
+def engines(pods: PodNetwork, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     """Three real engines (`kvtune serve`, the tiny model, a 512-token pool) in the pods' network namespace,
     one per pod address, on one port: the pods of one Service, reached from this machine through the veth."""
     folder = tmp_path_factory.mktemp("engines")

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvtune.harness.engine_process import EngineProcess
+from kvtune.harness.server import ServerProcess
 from tests.e2e.cluster import Cluster, Operator, kwok_node, wait_for
 from tests.e2e.workloads import (
     ADMIN_TOKEN,
@@ -27,7 +27,7 @@ from tests.e2e.workloads import (
 NAME = "tiny-kvtune"
 
 
-def admin(engine: EngineProcess, method: str = "GET", body: dict[str, Any] | None = None) -> dict[str, Any]:
+def admin(engine: ServerProcess, method: str = "GET", body: dict[str, Any] | None = None) -> dict[str, Any]:
     answer = httpx.request(method, f"{engine.url}/admin/config", json=body, timeout=10,
                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})  # fmt: skip
     answer.raise_for_status()
@@ -37,7 +37,7 @@ def admin(engine: EngineProcess, method: str = "GET", body: dict[str, Any] | Non
 
 @pytest.fixture(scope="module")
 def world(
-    cluster: Cluster, acting_release: dict[str, str], operator: Operator, engines: list[EngineProcess]
+    cluster: Cluster, acting_release: dict[str, str], operator: Operator, engines: list[ServerProcess]
 ) -> Iterator[dict[str, Any]]:
     namespace = acting_release["watch"]
     port = engine_port(engines)
@@ -65,7 +65,7 @@ def world(
 
 
 def test_the_admin_api_is_fanned_out_to_every_pod(
-    cluster: Cluster, world: dict[str, Any], engines: list[EngineProcess], acting_release: dict[str, str]
+    cluster: Cluster, world: dict[str, Any], engines: list[ServerProcess], acting_release: dict[str, str]
 ) -> None:
     namespace = world["namespace"]
     before = cluster.get("deployment", NAME, namespace)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvtune.harness.engine_process import EngineProcess
+from kvtune.harness.server import ServerProcess
 from tests.chart.helm import CHART, template
 from tests.chart.matrix import MATRIX
 from tests.e2e.cluster import (
@@ -79,7 +79,7 @@ def prometheus_config(targets: dict[str, str], namespace: str) -> dict[str, Any]
 
 @pytest.fixture(scope="module")
 def world(
-    fresh: Cluster, pods: PodNetwork, engines: list[EngineProcess], tmp_path_factory: pytest.TempPathFactory
+    fresh: Cluster, pods: PodNetwork, engines: list[ServerProcess], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     """What the reader has before the README: kube-prometheus-stack's CRDs, the namespace vLLM runs in and
     its Deployment (rolled out), a Prometheus scraping its pods; and the operator's view of that cluster's

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from kvtune.harness.engine_process import EngineProcess
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.k8s.kube_api import KubeApi
 from kvtune.operator.k8s.workload_actuator import (
     CHANGE_CAUSE,
@@ -55,7 +55,7 @@ GITOPS_MANAGER = "argocd-controller"
 
 @pytest.fixture(scope="module")
 def world(
-    cluster: Cluster, acting_release: dict[str, str], operator: Operator, engines: list[EngineProcess]
+    cluster: Cluster, acting_release: dict[str, str], operator: Operator, engines: list[ServerProcess]
 ) -> Iterator[dict[str, Any]]:
     """The watched namespace with the engines' Service and EndpointSlice, under a preempting load."""
     namespace = acting_release["watch"]

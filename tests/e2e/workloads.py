@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kvtune.harness.engine_process import EngineProcess
 from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.server import ServerProcess
 
 POOL_LABEL = "kvtune-e2e/pool"
 ADMIN_TOKEN = "e2e-admin-token"
@@ -79,7 +79,7 @@ def pods_policy(name: str, namespace: str, workload: str, service: str, port: in
 
 
 @contextmanager
-def preempting_load(engines: list[EngineProcess]) -> Iterator[list[BackgroundLoad]]:
+def preempting_load(engines: list[ServerProcess]) -> Iterator[list[BackgroundLoad]]:
     """A closed-loop load on each engine, enough to preempt at max_num_seqs 64 on a 512-token pool."""
     loads = [BackgroundLoad(engine.url, LOAD).start() for engine in engines]
     try:
@@ -107,7 +107,7 @@ def args_owner_managers(workload: dict[str, Any], name: str = "vllm") -> list[st
     return found
 
 
-def engine_port(engines: list[EngineProcess]) -> int:
+def engine_port(engines: list[ServerProcess]) -> int:
     return int(engines[0].url.rsplit(":", 1)[1])
 
 

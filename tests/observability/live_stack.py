@@ -11,7 +11,6 @@ reusable piece: any PromQL against the live Prometheus (the dashboards' panel qu
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
+from kvtune.harness.local_http import free_port
 from tests.observability.tools import require
 
 RULES_FILE = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "kvtune-rules.yaml"
@@ -42,13 +42,6 @@ class ScrapeTarget:
     namespace: str = "kvtune-test"
     model_name: str = "tiny"
     metrics_path: str = "/metrics"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:

@@ -23,7 +23,8 @@ from kvtune.dashboards.panels import all_panel_queries
 from kvtune.dashboards.report import all_variables
 from kvtune.engine.model.tiny_model import write_tiny_model
 from kvtune.harness.load import BackgroundLoad, LoadShape
-from tests.observability.live_stack import LiveStack, ScrapeTarget, free_port, live_stack, wait_until
+from kvtune.harness.local_http import free_port
+from tests.observability.live_stack import LiveStack, ScrapeTarget, live_stack, wait_until
 from tests.server.live_server import LiveServer, start_server
 
 POD = "engine-0"

@@ -23,9 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from kvtune.harness.local_http import free_port
 from kvtune.operator.io.own_metrics import ERROR_APPLY, Evaluation, OperatorMetrics
 from tests.chart.helm import MONITORING_API, NAMESPACE, one, render
-from tests.observability.live_stack import LiveStack, free_port, live_stack, wait_until
+from tests.observability.live_stack import LiveStack, live_stack, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_NAMESPACE, POLICY = "inference", "llama"

@@ -23,8 +23,9 @@ import pytest
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.contract.metrics import PREEMPTIONS
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
+from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.loop import Tick, hold_seconds, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
@@ -94,7 +95,7 @@ def preemptions(url: str) -> float:
     return sample.counters[PREEMPTIONS]
 
 
-def preempted_then_quiet(engine: EngineProcess) -> None:
+def preempted_then_quiet(engine: ServerProcess) -> None:
     """Load until the engine has preempted, then stop the load and wait for it to drain."""
     load = BackgroundLoad(engine.url, LoadShape(clients=16)).start()
     try:
@@ -108,7 +109,7 @@ def preempted_then_quiet(engine: EngineProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineProcess]]:
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     folder = tmp_path_factory.mktemp("alternating")
     token = folder / "token"
     token.write_text(TOKEN + "\n")
@@ -156,7 +157,7 @@ def settled_scrapes() -> int:
 
 
 def test_a_relay_that_halves_every_counter_for_14_scrapes_changes_nothing(
-    engines: list[EngineProcess], caplog: pytest.LogCaptureFixture
+    engines: list[ServerProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = engines[0]
     before = preemptions(engine.url)
@@ -176,7 +177,7 @@ def test_a_relay_that_halves_every_counter_for_14_scrapes_changes_nothing(
 
 
 def test_a_relay_that_alternates_between_two_engines_changes_nothing(
-    engines: list[EngineProcess], caplog: pytest.LogCaptureFixture
+    engines: list[ServerProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
     urls = [engine.url for engine in engines]
     before = [preemptions(url) for url in urls]

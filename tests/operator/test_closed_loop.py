@@ -19,8 +19,9 @@ from itertools import pairwise
 import pytest
 
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
+from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.ladder import plan
@@ -75,7 +76,7 @@ def rate_over_last(points: list[Point], tokens: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("closed_loop")
     token = folder / "token"
     token.write_text(TOKEN + "\n")
@@ -93,7 +94,7 @@ def read(source: MetricsEndpoint) -> Sample:
     return sample
 
 
-def test_operator_brings_preemptions_to_zero_without_losing_a_request(engine: EngineProcess) -> None:
+def test_operator_brings_preemptions_to_zero_without_losing_a_request(engine: ServerProcess) -> None:
     source = MetricsEndpoint(engine.url)
     actuator = KvtuneAdminActuator(engine.url, TOKEN)
     load = BackgroundLoad(engine.url, LoadShape(clients=16)).start()

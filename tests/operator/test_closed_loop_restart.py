@@ -19,8 +19,9 @@ import pytest
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
+from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
+from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.io.actuators import KvtuneAdminActuator
@@ -46,7 +47,7 @@ class Restartable:
         self.token.write_text(TOKEN + "\n")
         self.token.chmod(0o600)
         self.model = write_tiny_model_in_subprocess(folder / "tiny")
-        self.live: EngineProcess = start_engine(self.model, self.token, folder / "engine.log", *FLAGS)
+        self.live: ServerProcess = start_engine(self.model, self.token, folder / "engine.log", *FLAGS)
         self.url = self.live.url
         self.port = int(self.url.rsplit(":", 1)[1])
 

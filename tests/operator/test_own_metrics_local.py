@@ -18,10 +18,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvtune.cli import main
-from kvtune.harness.engine_process import EngineProcess, start_engine, write_tiny_model_in_subprocess
+from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.harness.local_http import free_port
-from kvtune.harness.server import cli_argv
+from kvtune.harness.server import ServerProcess, cli_argv
 from kvtune.operator.decide.loop import step, window_length
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.sample import Sample
@@ -51,7 +51,7 @@ POLL_S = 0.05
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[EngineProcess]:
+def engine(tmp_path: Path) -> Iterator[ServerProcess]:
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
     model = write_tiny_model_in_subprocess(tmp_path / "tiny")
@@ -82,7 +82,7 @@ def wait_for_series(url: str, ready: str, seconds: float, at_least: float = 1, *
 
 
 def test_local_operator_serves_its_action_and_counts_the_outage(
-    engine: EngineProcess, tmp_path: Path
+    engine: ServerProcess, tmp_path: Path
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
@@ -139,7 +139,7 @@ def test_local_operator_serves_its_action_and_counts_the_outage(
 
 
 def test_the_local_operator_predicts_and_serves_the_forecast_beside_the_observed_rate(
-    engine: EngineProcess, tmp_path: Path
+    engine: ServerProcess, tmp_path: Path
 ) -> None:
     """Issue 28, the whole chain on a real engine: the fit of the live window, the what-if forecast for
     max_num_seqs (a predicted move, or the value the ladder reached when that is already the pick; while

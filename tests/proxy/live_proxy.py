@@ -35,13 +35,6 @@ class LiveProxy:
         self.thread.join(30)
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_proxy(upstream: str, model_dir: Path, *flags: str) -> LiveProxy:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from kvtune.contract.admin import CAP_HEADER
-from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, free_port, start_proxy
+from kvtune.harness.local_http import free_port
+from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
 from tests.server.live_server import LiveServer, Samples, scrape
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from kvtune.cli import main
+from kvtune.harness.local_http import free_port
 from tests.imports_seen import REPO, heavy_imports
-from tests.proxy.live_proxy import free_port
 from tests.server.live_server import LiveServer
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvtune.harness.local_http import free_port
 from tests.proxy.live_proxy import (
     ONE_CHUNK,
     LiveProxy,
     RawUpstream,
-    free_port,
     never_answer,
     one_chunk_then_close,
     start_proxy,

@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from kvtune.front.flags import read_token_file, token_file_exposure
-from kvtune.harness.engine_process import EngineProcess, start_engine
+from kvtune.harness.engine_process import start_engine
 from kvtune.harness.local_http import free_port
+from kvtune.harness.server import ServerProcess
 from tests.server.live_server import ADMIN_TOKEN, LiveServer
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -73,7 +74,7 @@ def test_by_default_the_admin_api_shares_the_main_port(client: httpx.Client) -> 
 @pytest.fixture(scope="module")
 def split_engine(
     tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[EngineProcess, str]]:
+) -> Iterator[tuple[ServerProcess, str]]:
     """`kvtune serve --admin-port P` as a user starts it: a child process with two listening ports."""
     folder = tmp_path_factory.mktemp("admin_port")
     token = folder / "token"
@@ -85,7 +86,7 @@ def split_engine(
     engine.stop()
 
 
-def test_with_an_admin_port_the_admin_api_lives_only_there(split_engine: tuple[EngineProcess, str]) -> None:
+def test_with_an_admin_port_the_admin_api_lives_only_there(split_engine: tuple[ServerProcess, str]) -> None:
     engine, admin_url = split_engine
     with httpx.Client(base_url=engine.url, timeout=30) as public:
         for response in (
@@ -109,7 +110,7 @@ def test_with_an_admin_port_the_admin_api_lives_only_there(split_engine: tuple[E
             if line.startswith("kvtune:max_num_seqs")
         ]
         assert gauges and float(gauges[0].rsplit(" ", 1)[1]) == 3  # one engine behind both ports
-    log = engine.log.read_text()
+    log = engine.log_path.read_text()
     assert "admin API on http://127.0.0.1:" in log and "readable by group or others" not in log
 
 
