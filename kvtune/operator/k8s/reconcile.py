@@ -293,31 +293,44 @@ def waiting(
     conditions = [*kept, capped, *workload_conditions(memory, now)]
     memory.conditions.update({c.type: c for c in conditions})
     tick = Tick(now, None, state=memory.state)
-    tuner, history = state_to_status(memory.state)
     states = condition_states(conditions)
     evaluation = evaluation_of(memory.state, tick, states, recommended_knobs(memory.recommended))
     # no new figures while waiting, but the conditions still stand: their series stay on the dashboards
     evaluation = replace(evaluation, conditions=states)
     pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
-    status = KVTuningPolicyStatus(
+    status = policy_status(memory, memory.state, generation, now, note, conditions, memory.current, pods_status,
+                           worst_pod, flag, mode, memory.watch)  # fmt: skip
+    return Outcome(tick, status, tuple(events), evaluation)
+
+
+def policy_status(
+    memory: PolicyMemory, state: TunerState, generation: int | None, now: float, note: str,
+    conditions: list[ConditionState], current: Knobs | None, pods: list[PodStatus],
+    worst_pod: PodEvidence | None, flag: str | None, mode: Mode, workload: WorkloadWatch | None,
+    prediction: PredictionStatus | None = None,
+) -> KVTuningPolicyStatus:  # fmt: skip
+    """The status both outcomes write (waiting for a rollout, or evaluated): one place maps the policy's
+    memory and the tuner's state onto the CRD's fields."""
+    tuner, history = state_to_status(state)
+    return KVTuningPolicyStatus(
         observed_generation=generation,
         last_evaluation_time=datetime.fromtimestamp(now, UTC),
         note=note,
         conditions=conditions_of(conditions),
-        current=knob_values(memory.current),
+        current=knob_values(current),
         recommended=knob_values(memory.recommended),
-        desired=DesiredValues.of(memory.state.desired),
+        desired=DesiredValues.of(state.desired),
         history=history,
         tuner_state=tuner,
-        pods=pods_status,
+        pods=pods,
         worst_pod=worst_pod.name if worst_pod else None,
         admission_flag=flag,
-        workload=memory.watch,
         mode=mode.value,
         original=OriginalValues.of(memory.original),
         undo=memory.undo,
+        workload=workload,
+        prediction=prediction,
     )
-    return Outcome(tick, status, tuple(events), evaluation)
 
 
 def prediction_events(before: PredictionState, after: PredictionState) -> list[EventSpec]:
@@ -459,7 +472,6 @@ def evaluate(
     memory.conditions = {c.type: c for c in conditions}
     if current is not None:
         memory.current = current
-    tuner, history = state_to_status(tick.state)
     errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
                                recommended_knobs(memory.recommended), errors,
@@ -469,25 +481,9 @@ def evaluate(
         note = f"{note}; corrupt metrics, dropped: {corrupt_text(corrupt)}"
     if worst is not None:
         note = f"{note}; {worst}"
-    status = KVTuningPolicyStatus(
-        observed_generation=generation,
-        last_evaluation_time=datetime.fromtimestamp(now, UTC),
-        note=note,
-        conditions=conditions_of(conditions),
-        current=knob_values(current),
-        recommended=knob_values(memory.recommended),
-        desired=DesiredValues.of(tick.state.desired),
-        history=history,
-        tuner_state=tuner,
-        pods=pods_status,
-        worst_pod=worst_pod.name if worst_pod else None,
-        admission_flag=flag,
-        mode=decision.mode.value,
-        original=OriginalValues.of(memory.original),
-        undo=memory.undo,
-        workload=memory.watch if args is not None else None,
-        prediction=prediction_status(policy, tick),
-    )
+    status = policy_status(memory, tick.state, generation, now, note, conditions, current, pods_status, worst_pod,
+                           flag, decision.mode, memory.watch if args is not None else None,
+                           prediction_status(policy, tick))  # fmt: skip
     return Outcome(tick, status, tuple(events), evaluation)
 
 
