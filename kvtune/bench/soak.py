@@ -225,13 +225,7 @@ def start(
     argv = cli_argv(
         "serve", "--tiny", "--served-model-name", "tiny", "--port", str(port), *ENGINE_FLAGS, *extra_flags
     )
-    engine = ServerProcess(argv, port, log, name="the engine", append=True, env=env)
-    try:
-        engine.wait_ready(300)
-    except BaseException:
-        engine.stop()
-        raise
-    return engine
+    return ServerProcess(argv, port, log, name="the engine", append=True, env=env).ready(300)
 
 
 @dataclass

@@ -36,10 +36,6 @@ def start_engine(
         "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--host", host, "--port", str(port),
         "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
     )  # fmt: skip
-    engine = ServerProcess(command, port, log, name="the engine", append=True, host=host, poll_s=0.1)
-    try:
-        engine.wait_ready(boot_timeout)
-    except BaseException:
-        engine.stop()
-        raise
-    return engine
+    return ServerProcess(command, port, log, name="the engine", append=True, host=host, poll_s=0.1).ready(
+        boot_timeout
+    )

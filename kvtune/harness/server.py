@@ -86,6 +86,16 @@ class ServerProcess:
                 )
             time.sleep(self.poll_s)
 
+    def ready(self, timeout_s: float) -> Self:
+        """`wait_ready`, stopping the server if it never gets there (or the wait is interrupted): for a
+        caller that keeps the server beyond one `with` block."""
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the group, SIGKILL after `grace_s`; then SIGKILL to whatever the server left in it."""
         if self.process.poll() is None:
