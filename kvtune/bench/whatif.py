@@ -9,12 +9,16 @@ For each workload, one `kvtune serve` (tiny model) under a closed-loop load:
    acting;
 2. every sweep value measured as a static setting through the admin API, in two passes (rising, then
    falling), each a settle and a measured window scraped every second;
-3. the NoPreemption picks (`kvtune.core.objectives`, at each risk margin asked) and the sweep-best (best
-   goodput among values with no preemption in either pass) measured alternately, medians: does the pick
-   replay with zero preemptions at ≥ 95% of the sweep-best?
+3. the sweep-best (best goodput among values with no preemption in either pass) and its neighbours that
+   saw none confirmed in one long window each: two short windows cannot tell a value that preempts a few
+   times a minute, in bursts, from one that never does (the engine was replayed to do exactly that at
+   issue-28's edge); a value that preempts there is no clean value, and the sweep-best is chosen again;
+4. the NoPreemption picks (`kvtune.core.objectives`, at each risk margin asked) and the sweep-best (best
+   goodput among clean values) measured alternately, medians: does the pick replay with zero preemptions
+   at ≥ 95% of the sweep-best?
 
-Reported: zero-vs-nonzero agreement of predicted and observed preemptions per sweep value. The two
-observed windows are measured in steps of the predicted run (the tokens they generated ÷ the run's tokens
+Reported: zero-vs-nonzero agreement of predicted and observed preemptions per sweep value. The observed
+windows (two, and the long one where a value was confirmed) are measured in steps of the predicted run (the tokens they generated ÷ the run's tokens
 per step), so the shared machine's speed in a window does not count against the prediction; the
 prediction says nonzero when at least one preemption in such windows is more likely than not, read off
 the predicted run's own preemptions (they come in bursts, which a rate hides; 4 seeds pooled per sweep
@@ -45,7 +49,7 @@ from typing import Any
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
 from kvtune.bench.tuner import TOKEN, WORKLOADS, cpu_seconds
 from kvtune.bench.whatif_window import Reading, metrics_window, window_from_json
-from kvtune.core.objectives import no_preemption
+from kvtune.core.objectives import Pick, no_preemption
 from kvtune.core.predict import Objective, plan
 from kvtune.core.step_time import (
     PRIOR_PREFILL_TOKEN_IN_SEQUENCES,
@@ -184,9 +188,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fit-seconds", type=float, default=12.0, help="the fit window's span")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
     parser.add_argument("--measure", type=float, default=6.0, help="seconds each measured window spans")
+    parser.add_argument("--confirm", type=float, default=60.0,
+                        help="seconds of the one long window that confirms the sweep-best and its neighbours clean")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds, pick vs sweep-best")
-    parser.add_argument("--risk-margins", default="0,0.05",
-                        help="NoPreemption risk margins whose picks are replayed (the first is the default's)")  # fmt: skip
+    parser.add_argument("--risk-margins", default=f"0,{DEFAULT_RISK_MARGIN:g}",
+                        help="NoPreemption risk margins whose picks are replayed; above 0 each is widened to the "
+                             "fit's error as the tuner does (Objective.for_fit)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=EDGE_SEEDS, help="what-if seeds pooled per sweep value")
     parser.add_argument("--results", default="out/whatif", help="folder for each workload's JSON result")
     parser.add_argument("--summary-only", action="store_true", help="rebuild the section from --results")
@@ -248,7 +255,7 @@ def _measure(engine: ServerProcess, source: MetricsEndpoint, value: int, seconds
 
 
 def _static(engine: ServerProcess, source: MetricsEndpoint, actuator: KvtuneAdminActuator, value: int,
-            args: argparse.Namespace, label: str) -> Window:  # fmt: skip
+            args: argparse.Namespace, label: str, seconds: float | None = None) -> Window:  # fmt: skip
     outcome = actuator.apply("max_num_seqs", value)
     for _ in range(ATTEMPTS - 1):
         if outcome.ok:
@@ -257,7 +264,7 @@ def _static(engine: ServerProcess, source: MetricsEndpoint, actuator: KvtuneAdmi
     if not outcome.ok:
         raise KvtuneError(f"setting max_num_seqs {value} failed: {outcome.error}")
     time.sleep(args.settle)
-    row = _measure(engine, source, value, args.measure)
+    row = _measure(engine, source, value, args.measure if seconds is None else seconds)
     print(f"  {label} {value}: goodput {row.goodput:.0f} tokens/s ({row.per_cpu_s:.0f} per engine CPU-s), "
           f"{row.preemptions:.0f} preemptions", flush=True)  # fmt: skip
     return row
@@ -351,10 +358,9 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
         values = sorted(set(workload.sweep))
         table = what_if(fit, [Candidate(v) for v in values], seeds=args.seeds)
         coarse_table = what_if(coarse, [Candidate(v) for v in values], seeds=args.seeds)
-        picks = {
-            margin: no_preemption(predictions_for(decision_table(fit, risk_margin=margin), fp8=False), margin)
-            for margin in margins(args)
-        }
+        # the margin in force: above 0, widened to the fit's error as the tuner widens it
+        used = {m: Objective(risk_margin=m).for_fit(fit).risk_margin if m > 0 else 0.0 for m in margins(args)}
+        picks = {margin: _pick(fit, used[margin]) for margin in margins(args)}
         for p in table:
             print(f"  predicted {p.candidate.max_num_seqs}: {p.preemptions_per_min:.1f} preemptions/min, "
                   f"goodput {p.goodput:.0f}, p95 wait {p.p95_queue_wait_s:.2f} s, peak KV {p.peak_kv_usage:.0%}",
@@ -365,11 +371,9 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
             )
         rising = [_static(engine, source, actuator, v, args, "static") for v in values]
         falling = {v: _static(engine, source, actuator, v, args, "static") for v in reversed(values)}
-        clean = [(r, falling[r.max_num_seqs]) for r in rising
-                 if r.preemptions == 0 and falling[r.max_num_seqs].preemptions == 0]  # fmt: skip
-        best = (
-            max(clean, key=lambda pair: pair[0].goodput + pair[1].goodput)[0].max_num_seqs if clean else None
-        )
+        confirmed = confirm_clean(rising, falling, lambda v: _static(
+            engine, source, actuator, v, args, "confirm", seconds=args.confirm))  # fmt: skip
+        best = sweep_best(rising, falling, confirmed)
         rounds: dict[int, list[tuple[Window, Window]]] = {}
         for value in sorted({p.max_num_seqs for p in picks.values() if p.max_num_seqs is not None}):
             if best is None or value == best:
@@ -393,9 +397,10 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
         "step_time": fit.step_time.describe(),
         "predicted": [_prediction(p) for p in table],
         "predicted_coarse": [_prediction(p) for p in coarse_table],
-        "picks": [[margin, pick.max_num_seqs, pick.reason] for margin, pick in picks.items()],
+        "picks": [[margin, pick.max_num_seqs, pick.reason, used[margin]] for margin, pick in picks.items()],
         "rising": [asdict(r) for r in rising],
         "falling": [asdict(falling[v]) for v in values],
+        "confirmed": {str(v): asdict(w) for v, w in confirmed.items()},
         "sweep_best": best,
         "rounds": {str(v): [[asdict(a), asdict(b)] for a, b in pairs] for v, pairs in rounds.items()},
         "timing": timing,
@@ -404,6 +409,37 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
         "minutes": (time.monotonic() - began) / 60,
         "revision": git_revision(),
     }
+
+
+def _pick(fit: FittedWorkload, margin: float) -> Pick:
+    return no_preemption(predictions_for(decision_table(fit, risk_margin=margin), fp8=False), margin)
+
+
+def sweep_best(rising: list[Window], falling: dict[int, Window], confirmed: dict[int, Window]) -> int | None:
+    """The best goodput (both passes summed) among values no window saw preempt."""
+    clean = [r for r in rising if r.preemptions == 0 and falling[r.max_num_seqs].preemptions == 0
+             and (r.max_num_seqs not in confirmed or confirmed[r.max_num_seqs].preemptions == 0)]  # fmt: skip
+    if not clean:
+        return None
+    return max(clean, key=lambda r: r.goodput + falling[r.max_num_seqs].goodput).max_num_seqs
+
+
+def confirm_clean(
+    rising: list[Window], falling: dict[int, Window], measure: Callable[[int], Window]
+) -> dict[int, Window]:
+    """One long window for each value around the sweep-best that its two short windows saw clean, the
+    sweep-best chosen again until every value around it is confirmed (each value once)."""
+    confirmed: dict[int, Window] = {}
+    values = [r.max_num_seqs for r in rising]
+    seen = {r.max_num_seqs: r.preemptions + falling[r.max_num_seqs].preemptions for r in rising}
+    while (best := sweep_best(rising, falling, confirmed)) is not None:
+        i = values.index(best)
+        todo = [v for v in values[max(0, i - 1) : i + 2] if seen[v] == 0 and v not in confirmed]
+        if not todo:
+            return confirmed
+        for value in todo:
+            confirmed[value] = measure(value)
+    return confirmed
 
 
 def _prediction(p: Prediction) -> dict[str, Any]:
@@ -458,15 +494,17 @@ def compare(result: Result, coarse: bool = False) -> list[Compared]:
     rows_in = result["predicted_coarse" if coarse else "predicted"]
     predicted = {int(p["candidate"]["max_num_seqs"]): prediction_from_json(p) for p in rows_in}
     share = float(result["fit_cpu_share"])
+    confirmed = result.get("confirmed", {})
     rows = []
     for up, down in zip(result["rising"], result["falling"], strict=True):
         value = int(up["max_num_seqs"])
         p = predicted[value]
-        span = up["seconds"] + down["seconds"]
-        observed_goodput = (up["goodput"] * up["seconds"] + down["goodput"] * down["seconds"]) / span
+        windows = [up, down] + ([confirmed[str(value)]] if str(value) in confirmed else [])
+        span = sum(w["seconds"] for w in windows)
+        observed_goodput = sum(w["goodput"] * w["seconds"] for w in windows) / span
         per_step = p.tokens / p.steps if p.steps else 1.0
         clear = 1.0
-        for w in (up, down):
+        for w in windows:
             clear *= 1.0 - p.chance_of_preemption(w["goodput"] * w["seconds"] / per_step)
         expected = p.preemptions / p.tokens * observed_goodput * span if p.tokens else 0.0
         rows.append(
@@ -475,12 +513,12 @@ def compare(result: Result, coarse: bool = False) -> list[Compared]:
                 p.preemptions_per_min,
                 expected,
                 1.0 - clear,
-                up["preemptions"] + down["preemptions"],
+                sum(w["preemptions"] for w in windows),
                 span,
                 p.goodput,
                 observed_goodput,
                 p.goodput / share if share > 0 else math.nan,
-                statistics.fmean([up["per_cpu_s"], down["per_cpu_s"]]),
+                sum(w["per_cpu_s"] * w["seconds"] for w in windows) / span,
             )
         )
     return rows
@@ -512,9 +550,10 @@ class Replay:
 
 def replay_verdict(result: Result, margin_index: int = 0) -> Replay:
     """The replay of the pick made at one of the run's risk margins (the first: the default's)."""
-    margin, pick, _ = result["picks"][margin_index]
+    margin, pick = result["picks"][margin_index][:2]
     best = result["sweep_best"]
     rows = {int(r["max_num_seqs"]): (r, d) for r, d in zip(result["rising"], result["falling"], strict=True)}
+    confirmed = result.get("confirmed", {})
     if pick is None:
         return Replay(f"margin {margin:g}: no pick", None, None, math.nan)
     if best is None:
@@ -523,6 +562,7 @@ def replay_verdict(result: Result, margin_index: int = 0) -> Replay:
     if int(pick) in rows:
         up, down = rows[int(pick)]
         pre += up["preemptions"] + down["preemptions"]
+        pre += confirmed[str(pick)]["preemptions"] if str(pick) in confirmed else 0.0
     if pick == best:
         return Replay(f"margin {margin:g}: pick {pick} = sweep-best", 1.0, 1.0, pre)
     rounds = result["rounds"][str(pick)]
@@ -619,7 +659,7 @@ def workload_lines(result: Result) -> list[str]:
             for r in rows
         ),
         "",
-        f"Sweep-best {result['sweep_best']}. NoPreemption picks: "
+        f"Sweep-best {result['sweep_best']}{_confirmed_text(result)}. NoPreemption picks: "
         + "; ".join(_replay_text(replay_verdict(result, i)) for i in range(len(result["picks"])))
         + f". Decision time (fit + {result['timing']['candidates']:.0f} candidates): "
         f"{result['timing']['wall_s'] * 1e3:.0f} ms wall, {result['timing']['cpu_s'] * 1e3:.0f} ms CPU. "
@@ -628,6 +668,14 @@ def workload_lines(result: Result) -> list[str]:
         "",
     ]
     return out
+
+
+def _confirmed_text(result: Result) -> str:
+    confirmed = result.get("confirmed", {})
+    if not confirmed:
+        return ""
+    seen = ", ".join(f"{v} ({w['preemptions']:.0f} in {w['seconds']:.0f} s)" for v, w in confirmed.items())
+    return f" (confirming windows, preemptions: {seen})"
 
 
 CALIBRATION = ("default", "wide-prompts")  # the step-time prior's shape was fitted to these (step_time.py)
@@ -675,6 +723,16 @@ def _ratio_text(checks: list[SelfCheck], what: str) -> str:
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "n/a"
 
 
+def _widened(results: list[Result], index: int) -> str:
+    """How the margin asked was widened over each workload's fit (the tuner's `Objective.for_fit`)."""
+    used = [float(r["picks"][index][3]) for r in results if len(r["picks"][index]) > 3]
+    margin = float(results[0]["picks"][index][0])
+    default = " (the default)" if margin == DEFAULT_RISK_MARGIN else ""
+    if not used or margin == 0:
+        return default
+    return f"{default}, widened to the fit's error as the tuner does: {min(used):.1%}-{max(used):.1%}"
+
+
 def around_best(result: Result, rows: list[Compared]) -> list[Compared]:
     """The sweep-best and the sweep values on either side of it (3, or 2 at an end of the sweep): the
     static values a tuner's decision is about."""
@@ -694,7 +752,7 @@ def summary_lines(results: list[Result]) -> list[str]:
     agree = sum(r.agrees for r in rows) / len(rows)
     agree_plain = sum(r.agrees_plain for r in rows) / len(rows)
     agree_coarse = sum(r.agrees for r in coarse) / len(coarse)
-    margins_run = [float(m) for m, _, _ in results[0]["picks"]]
+    margins_run = [float(entry[0]) for entry in results[0]["picks"]]
     replay_rows = []
     for i, margin in enumerate(margins_run):
         replays = [replay_verdict(result, i) for result in results]
@@ -702,7 +760,7 @@ def summary_lines(results: list[Result]) -> list[str]:
         good_cpu = sum(1 for r in replays if r.met(per_cpu=True))
         clean = sum(1 for r in replays if r.preemptions == 0)
         replay_rows.append(
-            f"| NoPreemption pick at risk margin {margin:g}{' (the default)' if margin == DEFAULT_RISK_MARGIN else ''}: "
+            f"| NoPreemption pick at risk margin {margin:g}{_widened(results, i)}: "
             f"replays with 0 preemptions at ≥ 95% of the sweep-best (alternating medians) | **{good_cpu} of "
             f"{len(results)} per engine CPU-s, {good_wall} of {len(results)} wall-clock** (0 preemptions at the "
             f"pick: {clean} of {len(results)}) |"
@@ -743,7 +801,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
             "## What-if predictions against a live engine (`kvtune bench whatif`)",
             "",
             f"Method: {__doc__.split(chr(10) + chr(10), 1)[1].strip()} Each static window: {args.settle:g} s settle, "
-            f"{args.measure:g} s measured; fit window {args.fit_seconds:g} s; {args.rounds} alternating rounds. "
+            f"{args.measure:g} s measured; confirming windows {args.confirm:g} s; fit window {args.fit_seconds:g} s; "
+            f"{args.rounds} alternating rounds. "
             f"Engine: `kvtune serve`, tiny model, {ENGINE_THREADS} torch thread; load: "
             "`kvtune.bench.load.BackgroundLoad`, closed loop, random token-id prompts, ignore_eos.",
             f"Machine: {machine_description()}, shared with other jobs (load averages below). Revision "

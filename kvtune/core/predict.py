@@ -11,7 +11,7 @@ measured stepping, because a model wrong twice on this workload is not one to ac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvtune.core.objectives import Pick, goodput, no_preemption
 from kvtune.core.whatif import (
@@ -29,6 +29,9 @@ NO_PREEMPTION = "NoPreemption"
 GOODPUT = "Goodput"
 OBJECTIVES = (NO_PREEMPTION, GOODPUT)
 MISSES_BEFORE_STEPPING = 2
+# NoPreemption's margin covers the fit's error: requests this many standard errors of the fitted mean
+# footprint longer than fitted still fit (two: one-sided, about 98% sure)
+FIT_SIGMAS = 2.0
 # a window expected to hold this many preemptions and holding none contradicts the prediction (the chance
 # of none at a Poisson mean of 3 is 5%); fewer expected, an empty window is no evidence either way
 EXPECTED_FOR_A_MISS = 3.0
@@ -53,6 +56,13 @@ class Objective:
             raise ValueError("the Goodput objective needs a positive p95 latency bound")
         if self.round_to < 1:
             raise ValueError(f"round_to must be at least 1, got {self.round_to}")
+
+    def for_fit(self, fit: FittedWorkload) -> Objective:
+        """The objective over this fit: the risk margin grows to cover the fit's error of the mean
+        footprint (`FIT_SIGMAS` standard errors), so a pick from a small sample keeps more headroom than one
+        from thousands of requests; the policy's margin is the least."""
+        margin = max(self.risk_margin, min(0.5, FIT_SIGMAS * fit.footprint_relative_error))
+        return self if margin == self.risk_margin else replace(self, risk_margin=round(margin, 4))
 
     def describe(self) -> str:
         if self.name == GOODPUT:
@@ -114,7 +124,9 @@ def plan(
     edge_seeds: int = EDGE_SEEDS,
 ) -> Plan:
     """Simulate the candidates (multiples of `objective.round_to`, refined to one step at the edge) and pick
-    by the objective among values in [low, high]; the value in force is simulated too, for comparison."""
+    by the objective among values in [low, high]; the value in force is simulated too, for comparison. The
+    risk margin is the objective's over this fit (`Objective.for_fit`)."""
+    objective = objective.for_fit(fit)
     table = decision_table(
         fit,
         round_to=objective.round_to,

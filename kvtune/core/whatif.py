@@ -28,7 +28,9 @@ from kvtune.core.workload_fit import FittedWorkload
 
 _UNIQUE_BASE = 1 << 24  # request r's own token ids start at (r + 1) << 24: no accidental prefix sharing
 FP8_BYTES = 1
-DEFAULT_RISK_MARGIN = 0.05  # NoPreemption's: the pick's run held at most 95% of the pool
+# NoPreemption's least margin: the pick's run held at most 98% of the pool (the fit's own uncertainty can
+# ask for more: `kvtune.core.predict.Objective.for_fit`)
+DEFAULT_RISK_MARGIN = 0.02
 EDGE_SEEDS = 4  # seeds pooled at the NoPreemption edge
 
 

@@ -9,7 +9,16 @@ from dataclasses import asdict
 
 import pytest
 
-from kvtune.bench.whatif import Compared, compare, named_workloads, random_workloads, shape_errors
+from kvtune.bench.whatif import (
+    Compared,
+    Window,
+    confirm_clean,
+    compare,
+    named_workloads,
+    random_workloads,
+    shape_errors,
+    sweep_best,
+)
 from kvtune.bench.whatif_window import VLLM_SIZE_BOUNDS, coarsen, window_from_json
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.whatif import Candidate, Prediction
@@ -118,3 +127,26 @@ def test_the_shape_error_divides_out_a_common_scale() -> None:
 
     rows = [row(1300, 1000), row(1300, 1000), row(1430, 1000)]  # 30% high everywhere, one 10% more
     assert [round(e, 6) for e in shape_errors(rows)] == [0.0, 0.0, 0.1]
+
+
+def test_a_clean_looking_sweep_best_that_preempts_in_its_long_window_is_replaced_and_its_neighbours_confirmed() -> (
+    None
+):
+    def w(value: int, goodput: float, preemptions: float, seconds: float = 6.0) -> Window:
+        return Window(value, seconds, goodput, goodput, preemptions, None, 1.0)
+
+    # 9's two short windows missed its rare preemptions; 10 preempts plainly
+    rising = [w(7, 1300, 0), w(8, 1450, 0), w(9, 1600, 0), w(10, 1700, 4)]
+    falling = {r.max_num_seqs: w(r.max_num_seqs, r.goodput, r.preemptions) for r in rising}
+    long_window = {7: 0.0, 8: 0.0, 9: 3.0}
+    asked: list[int] = []
+
+    def measure(value: int) -> Window:
+        asked.append(value)
+        return w(value, 1500, long_window[value], seconds=60.0)
+
+    assert sweep_best(rising, falling, {}) == 9
+    confirmed = confirm_clean(rising, falling, measure)
+    assert asked == [8, 9, 7]  # around 9 first (10 already preempted), then around the new best, 8
+    assert sweep_best(rising, falling, confirmed) == 8
+    assert all(value in confirmed for value in (7, 8, 9)) and 10 not in confirmed

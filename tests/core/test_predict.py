@@ -41,9 +41,25 @@ def test_bounds_and_rounding_hold_the_pick() -> None:
     large = fitted(pool_tokens=16384, in_system=(64,) * 13)  # about 36 such requests fit the pool
     rounded = plan(large, 64, Objective(round_to=8)).outcome
     assert isinstance(rounded, Forecast) and rounded.value % 8 == 0 and rounded.value >= 16
-    # at the default pool even 8 preempts: no multiple of 8 is safe, and the plan says so
-    none = plan(DEFAULT, 64, Objective(round_to=8)).outcome
+    # at the default pool 16 preempts: no multiple of 16 is safe, and the plan says so
+    none = plan(DEFAULT, 64, Objective(round_to=16)).outcome
     assert isinstance(none, NoForecast) and "no candidate" in none.reason
+
+
+def test_the_risk_margin_covers_the_fits_error_a_small_sample_keeps_more_headroom() -> None:
+    few, many = fitted(count=25), fitted(count=3000)
+    assert few.footprint_relative_error > 5 * many.footprint_relative_error
+    policy = Objective(risk_margin=0.02)
+    assert policy.for_fit(many).risk_margin == 0.02  # thousands of requests: the policy's margin holds
+    wide = policy.for_fit(few)
+    assert wide.risk_margin > 0.02
+    assert wide.risk_margin == pytest.approx(2 * few.footprint_relative_error, abs=1e-4)
+    assert Objective(risk_margin=0.3).for_fit(few).risk_margin == 0.3  # the policy's is the least
+    # the same lengths: the pick from 25 requests is never above the pick from 3,000
+    small, large = plan(few, 64, policy).outcome, plan(many, 64, policy).outcome
+    assert isinstance(small, Forecast) and isinstance(large, Forecast)
+    assert small.value <= large.value
+    assert f"margin {wide.risk_margin:.0%}" in small.reason
 
 
 def test_goodput_takes_the_best_predicted_goodput_within_its_wait_bound() -> None:

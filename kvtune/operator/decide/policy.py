@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from kvtune.core.whatif import DEFAULT_RISK_MARGIN
+
 
 class Mode(Enum):
     OBSERVE = "Observe"  # diagnose only
@@ -35,7 +37,9 @@ class TuningPolicy:
     objective: str = "NoPreemption"  # or Goodput, under p95_wait_bound_s
     p95_wait_bound_s: float | None = None
     round_to: int = 1  # max_num_seqs moves in multiples of this (8 for vLLM on CUDA: its CUDA graphs)
-    risk_margin: float = 0.05  # NoPreemption's pick keeps its predicted run within 1 - this of the pool
+    # NoPreemption's pick keeps its predicted run within 1 - this of the pool, at least (more when the fit
+    # is uncertain: kvtune.core.predict.Objective.for_fit)
+    risk_margin: float = DEFAULT_RISK_MARGIN
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_max_num_seqs <= self.max_max_num_seqs:

@@ -39,6 +39,7 @@ def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Ob
     if isinstance(fit, Insufficient):
         return {"insufficient": str(fit)}
     current = engine.max_num_seqs
+    objective = objective.for_fit(fit)  # the margin that covers this fit's error, as the tuner uses
     result = plan(fit, current, objective)
     rows = list(result.table)
     if all(p.candidate.max_num_seqs != current for p in rows):
