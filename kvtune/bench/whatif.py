@@ -21,8 +21,8 @@ Reported: zero-vs-nonzero agreement of predicted and observed preemptions per sw
 windows (two, and the long one where a value was confirmed) are measured in steps of the predicted run (the tokens they generated ÷ the run's tokens
 per step), so the shared machine's speed in a window does not count against the prediction; the
 prediction says nonzero when at least one preemption in such windows is more likely than not, read off
-the predicted run's own preemptions (they come in bursts, which a rate hides; 4 seeds pooled per sweep
-value); the plain predicted rate > 0 is shown beside. Also: the fit window replayed at its own setting
+the predicted run's own preemptions (they come in bursts, which a rate hides; `--seeds` seeds pooled per
+sweep value); the plain predicted rate > 0 is shown beside. Also: the fit window replayed at its own setting
 (prediction and observation over the same seconds); the goodput prediction's error (wall-clock; per
 engine CPU-second, the prediction divided by the engine's CPU share in the fit window against tokens per
 CPU-second measured, which takes out what the shared machine's other jobs did to the wall clock; and the
@@ -42,13 +42,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
 from kvtune.bench.tuner import TOKEN, WORKLOADS, cpu_seconds
-from kvtune.bench.whatif_window import Reading, metrics_window, window_from_json
+from kvtune.bench.whatif_window import Reading, coarsen, metrics_window, window_from_json
 from kvtune.core.objectives import Pick, no_preemption
 from kvtune.core.predict import Objective, plan
 from kvtune.core.step_time import (
@@ -194,7 +194,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--risk-margins", default=f"0,{DEFAULT_RISK_MARGIN:g}",
                         help="NoPreemption risk margins whose picks are replayed; above 0 each is widened to the "
                              "fit's error as the tuner does (Objective.for_fit)")  # fmt: skip
-    parser.add_argument("--seeds", type=int, default=EDGE_SEEDS, help="what-if seeds pooled per sweep value")
+    parser.add_argument("--seeds", type=int, default=SWEEP_SEEDS, help="what-if seeds pooled per sweep value")
+    parser.add_argument("--repredict", action="store_true",
+                        help="with --summary-only: the sweep's predictions again from each stored fit window, "
+                             "with --seeds seeds (deterministic in the window: what a run would have predicted)")  # fmt: skip
     parser.add_argument("--results", default="out/whatif", help="folder for each workload's JSON result")
     parser.add_argument("--summary-only", action="store_true", help="rebuild the section from --results")
     parser.add_argument("--edge-seconds", type=float, default=0.0,
@@ -206,6 +209,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-record", action="store_true", help="do not write BENCHMARKS.md")
 
 
+# seeds pooled per sweep value: the values near the edge preempt a few times a minute in bursts, and 4
+# seeds (the tuner's, EDGE_SEEDS, within its decision time) put the chance of a window seeing one anywhere
+# between 0 and 100% on the same fit; 16 read it to about ±15%
+SWEEP_SEEDS = 16
 ATTEMPTS = 3  # a machine shared with other jobs can starve the engine past one HTTP timeout
 HTTP_TIMEOUT_S = 30.0
 
@@ -356,8 +363,7 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
                 f"workload {workload.name}: the fit window was not enough in 1-2-5 buckets: {coarse}"
             )
         values = sorted(set(workload.sweep))
-        table = what_if(fit, [Candidate(v) for v in values], seeds=args.seeds)
-        coarse_table = what_if(coarse, [Candidate(v) for v in values], seeds=args.seeds)
+        table, coarse_table = sweep_predictions(fit, coarse, values, args.seeds)
         # the margin in force: above 0, widened to the fit's error as the tuner widens it
         used = {m: Objective(risk_margin=m).for_fit(fit).risk_margin if m > 0 else 0.0 for m in margins(args)}
         picks = {margin: _pick(fit, used[margin]) for margin in margins(args)}
@@ -397,6 +403,7 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
         "step_time": fit.step_time.describe(),
         "predicted": [_prediction(p) for p in table],
         "predicted_coarse": [_prediction(p) for p in coarse_table],
+        "seeds": args.seeds,
         "picks": [[margin, pick.max_num_seqs, pick.reason, used[margin]] for margin, pick in picks.items()],
         "rising": [asdict(r) for r in rising],
         "falling": [asdict(falling[v]) for v in values],
@@ -409,6 +416,31 @@ def _bench(engine: ServerProcess, workload: Workload, shape: LoadShape, args: ar
         "minutes": (time.monotonic() - began) / 60,
         "revision": git_revision(),
     }
+
+
+def sweep_predictions(
+    fit: FittedWorkload, coarse: FittedWorkload, values: list[int], seeds: int
+) -> tuple[tuple[Prediction, ...], tuple[Prediction, ...]]:
+    """Every sweep value predicted from the fit and from the same window in vLLM's 1-2-5 buckets."""
+    candidates = [Candidate(v) for v in values]
+    return what_if(fit, candidates, seeds=seeds), what_if(coarse, candidates, seeds=seeds)
+
+
+def repredicted(result: Result, seeds: int) -> Result:
+    """A stored result with its sweep predictions made again from its own fit window with `seeds` seeds."""
+    window = window_from_json(result["window"])
+    coarse_window = replace(
+        window, prompt_len=coarsen(window.prompt_len), output_len=coarsen(window.output_len)
+    )
+    fit, coarse = fit_workload(window), fit_workload(coarse_window)
+    if isinstance(fit, Insufficient) or isinstance(coarse, Insufficient):
+        raise KvtuneError(f"workload {result['workload']['name']}: the stored window no longer fits: {fit}")
+    values = sorted({int(r["max_num_seqs"]) for r in result["rising"]})
+    table, coarse_table = sweep_predictions(fit, coarse, values, seeds)
+    run = {} if "predicted_run" in result else {"predicted_run": result["predicted"],
+                                                "seeds_run": result.get("seeds", EDGE_SEEDS)}  # fmt: skip
+    return {**result, **run, "predicted": [_prediction(p) for p in table],
+            "predicted_coarse": [_prediction(p) for p in coarse_table], "seeds": seeds}  # fmt: skip
 
 
 def _pick(fit: FittedWorkload, margin: float) -> Pick:
@@ -723,6 +755,22 @@ def _ratio_text(checks: list[SelfCheck], what: str) -> str:
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "n/a"
 
 
+def _run_seeds_rows(results: list[Result]) -> list[str]:
+    """Where the predictions were made again with more seeds: the agreement of the run's own, beside."""
+    if not all("predicted_run" in r for r in results):
+        return []
+    runs = [{**r, "predicted": r["predicted_run"]} for r in results]
+    rows = [c for r in runs for c in compare(r)]
+    near = [c for r in runs for c in around_best(r, compare(r))]
+    seeds = ", ".join(sorted({str(r["seeds_run"]) for r in results}))
+    return [
+        f"| the same from the run's own predictions ({seeds} seeds pooled; the figures above: "
+        f"{results[0]['seeds']} seeds, made again from each stored fit window) | all values "
+        f"{sum(c.agrees for c in rows) / len(rows):.0%}; around the sweep-best "
+        f"{sum(c.agrees for c in near) / max(1, len(near)):.0%} |"
+    ]
+
+
 def _widened(results: list[Result], index: int) -> str:
     """How the margin asked was widened over each workload's fit (the tuner's `Objective.for_fit`)."""
     used = [float(r["picks"][index][3]) for r in results if len(r["picks"][index]) > 3]
@@ -779,6 +827,7 @@ def summary_lines(results: list[Result]) -> list[str]:
         f"rate > 0: {agree_plain:.0%}; the same fit from vLLM's 1-2-5 buckets: {agree_coarse:.0%}) |",
         f"| the same over each workload's sweep-best and the sweep values on either side of it ({len(near)} "
         f"values; goal ≥ 90%) | **{sum(r.agrees for r in near) / max(1, len(near)):.0%}** |",
+        *_run_seeds_rows(results),
         f"| goodput prediction error over those values, median abs: wall-clock, per engine CPU-s | "
         f"{statistics.median(abs(r.predicted_goodput / r.observed_goodput - 1) for r in near):.0%}, "
         f"{statistics.median(abs(r.predicted_per_cpu / r.observed_per_cpu - 1) for r in near):.0%} |",
@@ -844,7 +893,11 @@ def run(args: argparse.Namespace) -> int:
         path = folder / f"{workload.name}.json"
         if not path.exists():
             raise KvtuneError(f"no result for workload {workload.name} in {folder}: run it first")
-        results.append(json.loads(path.read_text()))
+        result = json.loads(path.read_text())
+        if args.repredict:
+            result = repredicted(result, args.seeds)
+            path.write_text(json.dumps(result, indent=1))
+        results.append(result)
     body = report(results, args)
     print(body)
     if not args.no_record:
