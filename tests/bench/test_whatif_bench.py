@@ -12,8 +12,8 @@ import pytest
 from kvtune.bench.whatif import (
     Compared,
     Window,
-    confirm_clean,
     compare,
+    confirm_clean,
     named_workloads,
     random_workloads,
     shape_errors,
