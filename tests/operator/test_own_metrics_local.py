@@ -161,10 +161,12 @@ def test_the_local_operator_predicts_and_serves_the_forecast_beside_the_observed
         while predicted is None:
             assert time.monotonic() < deadline, f"no forecast within 180 s: {log.read_text()[-2000:]}"
             series = scrape(url)
-            if (
-                series is not None
-                and series_value(series, "kvtune_operator_preemptions_per_minute", **policy, kind="predicted")
+            # the tick right after the move has no window at the new value yet (observed unknown): wait for
+            # the one that has both
+            if series is not None and all(
+                series_value(series, "kvtune_operator_preemptions_per_minute", **policy, kind=kind)
                 is not None
+                for kind in ("predicted", "observed")
             ):
                 predicted = series
             time.sleep(INTERVAL / 2)
