@@ -138,6 +138,9 @@ WORKLOADS = {
                              "a pool of few requests whose outputs outgrow their prompts"),
 }  # fmt: skip
 WORKLOAD_FLAGS = ("kv_cache_tokens", "clients", "prompt_len", "output_len", "start", "sweep")
+# a clean value is one the pager stays quiet for: KVCachePreemptions fires on any preemption in 5 minutes,
+# and values at the edge preempt a few times in that (wide-prompts' 13: 17 in 300 s) but not in seconds
+CONFIRM_S = 300.0
 RANDOM_SEED = 28  # issue 28's three seeded random workloads (kvtune.bench.whatif.random_workloads)
 
 
@@ -184,6 +187,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
     parser.add_argument("--measure", type=float, default=6.0, help="seconds each measurement spans")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds, converged vs sweep-best")
+    parser.add_argument("--confirm", type=float, default=CONFIRM_S,
+                        help="seconds of the window that confirms the sweep-best and the converged value clean "
+                             "(default: the preemption alert's 5 minutes; 0: none)")  # fmt: skip
     parser.add_argument("--interval", type=float, default=1.0, help="tuner sampling interval")
     parser.add_argument("--evaluation-window", type=float, default=3.0)
     parser.add_argument("--tune-seconds", type=float, default=30.0, help="how long the tuner runs first")
@@ -245,9 +251,11 @@ def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
         f"{2 * args.measure:g} s steady-state window with the tuner still running. Windows to converge = "
         "evaluation windows from the tuner's start to the one holding its last change. (3) Tuner stopped; "
         f"converged and sweep-best values measured alternately, {args.rounds} rounds, medians: the ratio is "
-        "taken from these, under the same machine noise. A sweep-best that preempts in its alternating "
-        "rounds is no zero-preemption value: the next clean value of the sweep replaces it and the rounds "
-        "are run again. A tuner that settles on the sweep-best value itself reaches 100% of it; its rounds "
+        "taken from these, under the same machine noise. Before its rounds the sweep-best is confirmed in "
+        f"one {args.confirm:g} s window (the preemption alert's span: a value that preempts in it would page), "
+        "and so is the converged value (its preemptions there count as after convergence). A sweep-best that "
+        "preempts in its confirming window or its alternating rounds is no zero-preemption value: the next "
+        "clean value of the sweep replaces it and the rounds are run again. A tuner that settles on the sweep-best value itself reaches 100% of it; its rounds "
         "against itself are then shown as the noise."
     )
 
@@ -279,10 +287,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _static(actuator: KvtuneAdminActuator, source: MetricsEndpoint, value: int, args: argparse.Namespace,
-            label: str, pid: int) -> Measured:  # fmt: skip
+            label: str, pid: int, seconds: float | None = None) -> Measured:  # fmt: skip
     actuator.apply("max_num_seqs", value)
     time.sleep(args.settle)
-    row = measure(source, args.measure, value, pid)
+    row = measure(source, args.measure if seconds is None else seconds, value, pid)
     print(f"{label} max_num_seqs {value}: goodput {row.goodput:.0f} tokens/s (delivered {row.delivered:.0f}, {row.per_cpu_s:.0f} per engine CPU-s), "
           f"{row.preemptions:.0f} preemptions", flush=True)  # fmt: skip
     return row
@@ -380,8 +388,23 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
             flush=True,
         )
         pairs: list[tuple[Measured, Measured]] = []
-        disqualified: list[tuple[int, float]] = []  # sweep-bests that preempted in their alternating rounds
+        disqualified: list[tuple[int, float, str]] = []  # sweep-bests that preempted, and where
+        confirmed: dict[int, Measured] = {}  # the long windows: the sweep-bests tried and the converged value
         while best is not None and isinstance(converged, int):
+            value = best.max_num_seqs
+            if args.confirm > 0 and value not in confirmed:
+                confirmed[value] = _static(
+                    actuator, source, value, args, "confirm", pid, seconds=args.confirm
+                )
+                if confirmed[value].preemptions > 0 and value != converged:
+                    print(f"sweep-best {value} preempted {confirmed[value].preemptions:.0f} times in its "
+                          f"{args.confirm:g} s confirming window: the next clean value is the reference", flush=True)  # fmt: skip
+                    disqualified.append(
+                        (value, confirmed[value].preemptions, f"its {args.confirm:g} s confirming window")
+                    )
+                    left = [row for row in clean if row.max_num_seqs not in {v for v, _, _ in disqualified}]
+                    best = max(left, key=lambda row: row.goodput) if left else None
+                    continue
             pairs = []
             for i in range(args.rounds):
                 first, second = (
@@ -397,9 +420,13 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
                 break
             print(f"sweep-best {best.max_num_seqs} preempted {shown:.0f} times in its alternating rounds: "
                   "not a zero-preemption value; the next clean value is the reference", flush=True)  # fmt: skip
-            disqualified.append((best.max_num_seqs, shown))
-            left = [row for row in clean if row.max_num_seqs not in {value for value, _ in disqualified}]
+            disqualified.append((best.max_num_seqs, shown, "its alternating rounds"))
+            left = [row for row in clean if row.max_num_seqs not in {v for v, _, _ in disqualified}]
             best = max(left, key=lambda row: row.goodput) if left else None
+        if args.confirm > 0 and isinstance(converged, int) and converged not in confirmed:
+            confirmed[converged] = _static(
+                actuator, source, converged, args, "confirm", pid, seconds=args.confirm
+            )
     finally:
         tally = load.stop()
     load_after = os.getloadavg()
@@ -416,11 +443,14 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
     same_value = best is not None and converged == best.max_num_seqs
     # on the sweep-best value itself both columns measure the converged value: both count as after
     alt_pre = sum(c.preemptions + (b.preemptions if same_value else 0) for c, b in pairs)
+    confirm_pre = (
+        confirmed[converged].preemptions if isinstance(converged, int) and converged in confirmed else 0.0
+    )
     footprint = _mean(shape.prompt_len) + _mean(shape.output_len)
-    clean_after = steady.preemptions == 0 and alt_pre == 0
+    clean_after = steady.preemptions == 0 and alt_pre == 0 and confirm_pre == 0
     dropped = "".join(
-        f"; {value} dropped: it preempted {shown:.0f} times in its alternating rounds"
-        for value, shown in disqualified
+        f"; {value} dropped: it preempted {shown:.0f} times in {where}"
+        for value, shown, where in disqualified
     )
     # The tuner settling on the sweep-best value itself reaches 100% of it by definition; the alternating
     # rounds then compare a setting with itself, and their ratio is the machine's noise, shown beside.
@@ -435,10 +465,17 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
         f"workload {args.workload}: pool ÷ mean footprint {args.kv_cache_tokens / footprint:.1f}; "
         f"windows to converge {intervals} (goal ≤ {goal}); converged {converged}, sweep-best "
         f"{best.max_num_seqs if best else 'none'}; goodput ÷ sweep-best {reached_text} (goal ≥ 95%); "
-        f"preemptions after {steady.preemptions + alt_pre:.0f} (goal 0): "
+        f"preemptions after {steady.preemptions + alt_pre + confirm_pre:.0f} (goal 0): "
         + ("met" if intervals <= goal and reached >= 0.95 and clean_after else "NOT met")
     )
     predictions = prediction_rows(ticks, began, steady, 2 * args.measure, conv_med)
+    in_confirm = (
+        f", {confirm_pre:.0f} in its {args.confirm:g} s confirming window"
+        if isinstance(converged, int) and converged in confirmed
+        else ""
+    )
+    confirm_text = ", ".join(f"{v}: {m.preemptions:.0f} in {args.confirm:g} s" for v, m in confirmed.items())
+    confirm_text = confirm_text or "none"
     print(verdict, flush=True)
     lines = [
         f"## Tuner, workload {args.workload} (`kvtune bench tuner --workload {args.workload}`)",
@@ -477,7 +514,9 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
         f"| windows to converge | {intervals} evaluation windows (last change at {last_change:.0f} s; "
         f"goal ≤ {goal}) |",
         f"| preemptions after convergence | {steady.preemptions:.0f} over the {2 * args.measure:g} s steady "
-        f"window with the tuner running, {alt_pre:.0f} in the converged value's alternating windows (goal 0) |",
+        f"window with the tuner running, {alt_pre:.0f} in the converged value's alternating windows"
+        f"{in_confirm} (goal 0) |",
+        f"| confirming windows (preemptions) | {confirm_text} |",
         f"| steady-state goodput (tuner running) | {steady.goodput:.0f} tokens/s |",
         f"| requests | {tally.completed} completed, {len(tally.failures)} failed |",
         *predictions,
