@@ -255,8 +255,8 @@ def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
         f"one {args.confirm:g} s window (the preemption alert's span: a value that preempts in it would page), "
         "and so is the converged value (its preemptions there count as after convergence). A sweep-best that "
         "preempts in its confirming window or its alternating rounds is no zero-preemption value: the next "
-        "clean value of the sweep replaces it and the rounds are run again. A tuner that settles on the sweep-best value itself reaches 100% of it; its rounds "
-        "against itself are then shown as the noise."
+        "clean value of the sweep replaces it and the rounds are run again. A tuner that settles on the "
+        "sweep-best value itself reaches 100% of it; its rounds against itself are then shown as the noise."
     )
 
 
@@ -294,6 +294,13 @@ def _static(actuator: KvtuneAdminActuator, source: MetricsEndpoint, value: int, 
     print(f"{label} max_num_seqs {value}: goodput {row.goodput:.0f} tokens/s (delivered {row.delivered:.0f}, {row.per_cpu_s:.0f} per engine CPU-s), "
           f"{row.preemptions:.0f} preemptions", flush=True)  # fmt: skip
     return row
+
+
+def _next_reference(clean: list[Measured], disqualified: list[tuple[int, float, str]]) -> Measured | None:
+    """The best goodput among the sweep's clean values not yet disqualified: the reference."""
+    dropped = {value for value, _, _ in disqualified}
+    left = [row for row in clean if row.max_num_seqs not in dropped]
+    return max(left, key=lambda row: row.goodput) if left else None
 
 
 def _row(r: Measured) -> str:
@@ -402,8 +409,7 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
                     disqualified.append(
                         (value, confirmed[value].preemptions, f"its {args.confirm:g} s confirming window")
                     )
-                    left = [row for row in clean if row.max_num_seqs not in {v for v, _, _ in disqualified}]
-                    best = max(left, key=lambda row: row.goodput) if left else None
+                    best = _next_reference(clean, disqualified)
                     continue
             pairs = []
             for i in range(args.rounds):
@@ -421,8 +427,7 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
             print(f"sweep-best {best.max_num_seqs} preempted {shown:.0f} times in its alternating rounds: "
                   "not a zero-preemption value; the next clean value is the reference", flush=True)  # fmt: skip
             disqualified.append((best.max_num_seqs, shown, "its alternating rounds"))
-            left = [row for row in clean if row.max_num_seqs not in {v for v, _, _ in disqualified}]
-            best = max(left, key=lambda row: row.goodput) if left else None
+            best = _next_reference(clean, disqualified)
         if args.confirm > 0 and isinstance(converged, int) and converged not in confirmed:
             confirmed[converged] = _static(
                 actuator, source, converged, args, "confirm", pid, seconds=args.confirm

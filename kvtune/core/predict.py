@@ -113,6 +113,7 @@ class Plan:
     table: tuple[Prediction, ...]
     current: Prediction
     outcome: Forecast | NoForecast
+    objective: Objective  # as applied: its risk margin over this fit (`Objective.for_fit`)
 
 
 def plan(
@@ -139,7 +140,7 @@ def plan(
     now = known.get(current) or what_if(fit, [Candidate(current)])[0]
     picked = objective.pick(rows)
     if picked.prediction is None:
-        return Plan(rows, now, NoForecast(f"{objective.describe()}: {picked.reason}"))
+        return Plan(rows, now, NoForecast(f"{objective.describe()}: {picked.reason}"), objective)
     p = picked.prediction
     forecast = Forecast(
         value=p.candidate.max_num_seqs,
@@ -153,7 +154,7 @@ def plan(
         reason=picked.reason,
         workload=fit.summary(),
     )
-    return Plan(rows, now, forecast)
+    return Plan(rows, now, forecast, objective)
 
 
 def judge(forecast: Forecast, observed_preemptions: float, seconds: float) -> str | None:

@@ -39,8 +39,8 @@ def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Ob
     if isinstance(fit, Insufficient):
         return {"insufficient": str(fit)}
     current = engine.max_num_seqs
-    objective = objective.for_fit(fit)  # the margin that covers this fit's error, as the tuner uses
     result = plan(fit, current, objective)
+    objective = result.objective  # with the margin that covers this fit's error, as the tuner uses it
     rows = list(result.table)
     if all(p.candidate.max_num_seqs != current for p in rows):
         rows = sorted([*rows, result.current], key=lambda p: p.candidate.max_num_seqs)
