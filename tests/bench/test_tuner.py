@@ -14,6 +14,7 @@ from kvtune.bench.tuner import (
     intervals_to_converge,
     method_text,
     section_name,
+    time_weighted,
 )
 from kvtune.harness.load import LoadShape
 
@@ -24,6 +25,18 @@ def test_a_value_is_clean_only_if_both_windows_were() -> None:
     both = combine(rising, falling)
     assert (both.goodput, both.delivered, both.per_cpu_s) == (1100, 1050, 1080)
     assert both.preemptions == 2
+
+
+def test_a_long_window_outweighs_short_rounds_by_its_span() -> None:
+    confirm = Measured(12, goodput=2949, delivered=2949, preemptions=0, per_cpu_s=2907, seconds=300)
+    rounds = [
+        Measured(12, goodput=g, delivered=g, preemptions=0, per_cpu_s=g, seconds=6) for g in (2053, 3081)
+    ]
+    goodput, per_cpu, span = time_weighted([confirm, *rounds])
+    assert span == 312
+    assert goodput == (2949 * 300 + (2053 + 3081) * 6) / 312
+    assert per_cpu == (2907 * 300 + (2053 + 3081) * 6) / 312
+    assert time_weighted([])[2] == 0
 
 
 def test_intervals_count_windows_up_to_the_last_change() -> None:
