@@ -574,7 +574,8 @@ def _result(
 
 def _kvtune_default_threads() -> str:
     cores = available_cores()
-    return f"default ({default_compute_threads(cores)} of {cores})"
+    narrow = default_compute_threads(cores)
+    return f"default ({narrow} of {cores}, {cores} where faster)" if narrow < cores else f"default ({cores})"
 
 
 def fairness_notes(args: argparse.Namespace) -> list[str]:
@@ -583,7 +584,8 @@ def fairness_notes(args: argparse.Namespace) -> list[str]:
         f"`--threads {args.kvtune_threads}`"
         if args.kvtune_threads
         else f"its default, torch threads = every core but one ({default_compute_threads(available_cores())} of "
-        f"{available_cores()}), the engine thread pinned to the last core(s) and the first kept for its HTTP side"
+        f"{available_cores()}), the engine thread pinned to the last core(s) and the first kept for its HTTP side; "
+        "each batch size class runs on every core instead where its steps timed faster there"
     )
     vllm_threads = (
         f"`VLLM_CPU_OMP_THREADS_BIND=0-{args.vllm_threads - 1}`, no reserved core"

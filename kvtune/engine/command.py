@@ -26,6 +26,7 @@ from kvtune.engine.loop.llm_engine import LLMEngine
 from kvtune.engine.loop.thread import AsyncEngine
 from kvtune.engine.model.engine_config import EngineConfig
 from kvtune.engine.model.onednn_caches import bound_onednn_caches
+from kvtune.engine.model.step_threads import Width
 from kvtune.engine.model.tiny_model import write_tiny_model
 from kvtune.errors import KvtuneError
 from kvtune.front.body import DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -92,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",
         type=int,
-        help="torch threads (default: every core but one, which the HTTP side keeps; 1 on a single core)",
+        help="torch threads, for every step (default: every core but one, which the HTTP side keeps, and "
+        "every core for the step sizes that time faster on all of them; 1 on a single core)",
     )
     parser.add_argument(
         "--seed",
@@ -203,11 +205,15 @@ def build_server(args: argparse.Namespace) -> Server:
     pinned = engine_cores(cores, threads)  # as vLLM binds its compute threads; the first core: HTTP
     logger.info(
         "Computing on %d torch thread%s%s", threads, "" if threads == 1 else "s",
-        "" if pinned is None else f", the engine thread pinned to core(s) {sorted(pinned)}",
+        "" if pinned is None else f", the engine thread pinned to core(s) {sorted(pinned)}"
+        + ("" if args.threads else f"; on all {len(cores)} for the step sizes timed faster there"),
     )  # fmt: skip
     bound_onednn_caches()  # before the engine's first matmul
     config = engine_config(args)
     engine = LLMEngine(config)
+    if args.threads is None and pinned is not None and config.device == "cpu":
+        # the core left to HTTP idles through most steps: lend it to the step sizes that run faster on it
+        engine.runner.adapt_threads(Width(threads, pinned), Width(len(cores), frozenset(cores)))
     engine.tokenizer.parse_special_tokens_in_content = args.allow_special_tokens_in_content
     log_dtype(engine)
     log_capacity(engine)

@@ -7,8 +7,10 @@ AVX512-BF16, no AMX) at a load average of 3-6, the small model's bfloat16 GEMMs 
 threads against 100-150 on 1 (BENCHMARKS.md, issue 29). vLLM's CPU build makes the same choice: it
 reserves a core for its API server process. Like vLLM's binding, the engine thread (and the torch threads it
 starts) is pinned to the compute cores: under the same load, the small model's live batch ran at 50.9 and
-43.4 tokens/s pinned against 41.0 and 30.4 unpinned (alternating rounds, load average 8-22). No torch import
-here, so the benchmarks can name the default.
+43.4 tokens/s pinned against 41.0 and 30.4 unpinned (alternating rounds, load average 8-22). On a quiet
+machine the kept core idles through most steps, so by default each step size is also timed on every core and
+runs there where that is faster (model.step_threads). No torch import here, so the benchmarks can name the
+default.
 """
 
 from __future__ import annotations

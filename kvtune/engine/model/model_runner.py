@@ -10,12 +10,13 @@ server restarted with the same seed and the same requests samples the same token
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from kvtune.engine.model.attention_metadata import ScheduledChunk, build_batch
+from kvtune.engine.model.attention_metadata import BatchInputs, ScheduledChunk, build_batch
 from kvtune.engine.model.checkpoint import open_checkpoint
 from kvtune.engine.model.engine_config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from kvtune.engine.model.kv_cache import KVCache
@@ -24,6 +25,7 @@ from kvtune.engine.model.model import load_model
 from kvtune.engine.model.packed_linear import pack_bf16_linears, packing_pays
 from kvtune.engine.model.sampling import Sampler, SamplingParams
 from kvtune.engine.model.serving_dtype import choose_dtype, cpu_flags
+from kvtune.engine.model.step_threads import StepThreads, Width
 from kvtune.engine.model.widened_linear import widen_bf16_linears, widening_pays
 from kvtune.errors import KvtuneError
 
@@ -70,7 +72,13 @@ class ModelRunner:
             config.max_model_len or self.model_config.max_model_len, self.cache.num_tokens
         )
         self.sampler = Sampler()
+        self.step_threads: StepThreads | None = None  # None: every step on torch's threads as set
         torch.manual_seed(config.seed)
+
+    def adapt_threads(self, narrow: Width, wide: Width) -> None:
+        """From now on each forward pass runs on `narrow` or `wide`, whichever its batch size ran faster
+        on (step_threads)."""
+        self.step_threads = StepThreads(narrow, wide)
 
     def _allocate_cache(self, dtype: torch.dtype) -> KVCache:
         cfg = self.config
@@ -131,8 +139,19 @@ class ModelRunner:
 
     def _run_model(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
         batch = build_batch(chunks, self.cache.block_size, self.device, self.max_model_len)
+        if self.step_threads is None:
+            with torch.inference_mode():
+                return self._forward(batch)
+        tokens = batch.input_ids.numel()
+        threads = self.step_threads.begin(tokens)
+        started = time.perf_counter()
         with torch.inference_mode():
-            logits: torch.Tensor = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache)
+            logits = self._forward(batch)
+        self.step_threads.end(tokens, threads, time.perf_counter() - started)
+        return logits
+
+    def _forward(self, batch: BatchInputs) -> torch.Tensor:
+        logits: torch.Tensor = self.model(batch.input_ids, batch.positions, batch.metadata, self.cache)
         return logits
 
     def sample(

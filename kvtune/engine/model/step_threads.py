@@ -1,0 +1,122 @@
+"""How many threads each forward pass computes on: the engine's compute cores, or every core, chosen per
+batch size by timing both.
+
+`kvtune serve` computes on every core but one by default and leaves that one to HTTP (compute_threads). On a
+quiet machine the spare core then idles through a long prefill chunk, whose GEMMs split across cores almost
+perfectly; on a shared one, a second thread is often descheduled and every parallel region waits for it
+(BENCHMARKS.md, issue 29). Neither width is right everywhere, so the runner measures: per batch-size class it
+times steps at both widths, keeps the faster, and tries the other again now and then, since the load moves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+# Steps a width must be timed in, per class, before the faster is chosen.
+TRIALS = 4
+# Every this many steps of a class, the width not in favour runs once, so a change in the machine's load is seen.
+RETRY_EVERY = 24
+# The per-token times kept per class and width: the median of the most recent ones decides.
+KEPT = 9
+
+
+@dataclass(frozen=True)
+class Width:
+    """A thread count and the cores its threads may run on (None: wherever the OS puts them)."""
+
+    threads: int
+    cores: frozenset[int] | None = None
+
+
+def size_class(tokens: int) -> int:
+    """Steps of a similar size share a verdict: 1, 2-3, 4-7, ... tokens (a power-of-two class)."""
+    return max(1, tokens).bit_length()
+
+
+@dataclass
+class _ClassTimes:
+    steps: int = 0
+    seconds_per_token: dict[int, deque[float]] = field(default_factory=dict)
+
+    def times(self, threads: int) -> deque[float]:
+        return self.seconds_per_token.setdefault(threads, deque(maxlen=KEPT))
+
+
+class WidthChooser:
+    """Pure: which of two thread counts the next step of a given size runs on, from the steps timed so far."""
+
+    def __init__(self, narrow: int, wide: int) -> None:
+        if not 0 < narrow < wide:
+            raise ValueError(f"need 0 < narrow < wide threads, got {narrow} and {wide}")
+        self.narrow, self.wide = narrow, wide
+        self._classes: dict[int, _ClassTimes] = {}
+
+    def threads_for(self, tokens: int) -> int:
+        """Trials first (the width with fewer timings), then the faster median; the other one every
+        RETRY_EVERY-th step of the class."""
+        times = self._classes.setdefault(size_class(tokens), _ClassTimes())
+        times.steps += 1
+        narrow, wide = times.times(self.narrow), times.times(self.wide)
+        if len(narrow) < TRIALS or len(wide) < TRIALS:
+            return self.narrow if len(narrow) <= len(wide) else self.wide
+        faster, slower = (
+            (self.wide, self.narrow)
+            if statistics.median(wide) < statistics.median(narrow)
+            else (self.narrow, self.wide)
+        )
+        return slower if times.steps % RETRY_EVERY == 0 else faster
+
+    def record(self, tokens: int, threads: int, seconds: float) -> None:
+        """A step of `tokens` tokens ran on `threads` threads in `seconds`."""
+        if threads not in (self.narrow, self.wide) or seconds <= 0:
+            return
+        times = self._classes.setdefault(size_class(tokens), _ClassTimes())
+        times.times(threads).append(seconds / max(1, tokens))
+
+    def verdicts(self) -> dict[int, int | None]:
+        """Per size class (its smallest token count), the width in favour; None while still on trial."""
+        out: dict[int, int | None] = {}
+        for cls, times in sorted(self._classes.items()):
+            narrow, wide = times.times(self.narrow), times.times(self.wide)
+            if len(narrow) < TRIALS or len(wide) < TRIALS:
+                out[1 << (cls - 1)] = None
+            else:
+                out[1 << (cls - 1)] = (
+                    self.wide if statistics.median(wide) < statistics.median(narrow) else self.narrow
+                )
+        return out
+
+
+class StepThreads:
+    """Applies the chooser around each forward pass: torch's thread count and the calling thread's cores.
+
+    The engine thread's own cores are switched too: OpenMP's pool threads inherit the mask of the thread that
+    starts them, so the wide width's extra thread must be started from a thread allowed on every core."""
+
+    def __init__(self, narrow: Width, wide: Width) -> None:
+        self.chooser = WidthChooser(narrow.threads, wide.threads)
+        self._widths = {narrow.threads: narrow, wide.threads: wide}
+        self._current: int | None = None
+
+    def begin(self, tokens: int) -> int:
+        """Set the width for a step of `tokens` tokens; returns its thread count."""
+        threads = self.chooser.threads_for(tokens)
+        if threads != self._current:
+            width = self._widths[threads]
+            if width.cores is not None and hasattr(os, "sched_setaffinity"):
+                # pid 0: the calling (engine) thread; an OSError: the cores were taken away since boot
+                # (a narrowed cpuset), so it runs wherever it may
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(0, width.cores)
+            torch.set_num_threads(threads)
+            self._current = threads
+        return threads
+
+    def end(self, tokens: int, threads: int, seconds: float) -> None:
+        self.chooser.record(tokens, threads, seconds)
