@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import threading
@@ -100,17 +101,27 @@ def test_a_consistently_slower_width_runs_only_in_its_trials_and_retries(
 
 
 needs_two_cores = pytest.mark.skipif(
-    not hasattr(os, "sched_setaffinity") or len(allowed_cores()) < 2, reason="needs Linux and 2 cores"
+    not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="needs Linux and 2 cores"
 )
+
+
+def widest_cores() -> list[int]:
+    """Every core the calling thread may be given, after widening its mask to them: threads inherit their
+    starter's mask, and the suite's main thread may be left pinned by an earlier in-process engine."""
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    return sorted(os.sched_getaffinity(0))
 
 
 @needs_two_cores
 def test_a_step_sets_torch_threads_and_the_engine_threads_cores() -> None:
-    cores = allowed_cores()
-    narrow, wide = Width(1, frozenset(cores[-1:])), Width(len(cores), frozenset(cores))
     seen: list[tuple[int, int, set[int]]] = []
+    widths: list[Width] = []
 
     def engine_thread() -> None:
+        cores = widest_cores()
+        narrow, wide = Width(1, frozenset(cores[-1:])), Width(len(cores), frozenset(cores))
+        widths.extend([narrow, wide])
         step = StepThreads(narrow, wide)
         for _ in range(2 * TRIALS):
             threads = step.begin(512)
@@ -121,9 +132,10 @@ def test_a_step_sets_torch_threads_and_the_engine_threads_cores() -> None:
     thread = threading.Thread(target=engine_thread)
     thread.start()
     thread.join()
+    narrow, wide = widths
     assert {(t, n, frozenset(c)) for t, n, c in seen} == {
         (1, 1, narrow.cores),
-        (len(cores), len(cores), wide.cores),
+        (wide.threads, wide.threads, wide.cores),
     }
     assert os.sched_getaffinity(0) == before[1]  # only the stepping thread moved
     torch.set_num_threads(before[0])
@@ -162,9 +174,9 @@ def test_greedy_tokens_do_not_depend_on_the_width_under_preemption(tiny_dir: Pat
     tokens are those of one thread exactly; the pool is small enough that requests preempt and recompute."""
     rng = random.Random(4)
     workload = {f"r{i}": random_prompt(rng, rng.randrange(40, 140)) for i in range(8)}
-    cores = allowed_cores()
 
     def tokens(switching: bool) -> dict[str, list[int]]:
+        cores = widest_cores()
         engine = make_engine(tiny_dir, dtype=dtype, kv_cache_tokens=40 * BLOCK_SIZE)
         if switching:
             engine.runner.adapt_threads(Width(1, frozenset(cores[-1:])), Width(len(cores), frozenset(cores)))
