@@ -62,14 +62,11 @@ class WidthChooser:
         RETRY_EVERY-th step of the class."""
         times = self._classes.setdefault(size_class(tokens), _ClassTimes())
         times.steps += 1
-        narrow, wide = times.times(self.narrow), times.times(self.wide)
-        if len(narrow) < TRIALS or len(wide) < TRIALS:
+        faster = self._favoured(times)
+        if faster is None:
+            narrow, wide = times.times(self.narrow), times.times(self.wide)
             return self.narrow if len(narrow) <= len(wide) else self.wide
-        faster, slower = (
-            (self.wide, self.narrow)
-            if statistics.median(wide) < statistics.median(narrow)
-            else (self.narrow, self.wide)
-        )
+        slower = self.narrow if faster == self.wide else self.wide
         return slower if times.steps % RETRY_EVERY == 0 else faster
 
     def record(self, tokens: int, threads: int, seconds: float) -> None:
@@ -81,16 +78,14 @@ class WidthChooser:
 
     def verdicts(self) -> dict[int, int | None]:
         """Per size class (its smallest token count), the width in favour; None while still on trial."""
-        out: dict[int, int | None] = {}
-        for cls, times in sorted(self._classes.items()):
-            narrow, wide = times.times(self.narrow), times.times(self.wide)
-            if len(narrow) < TRIALS or len(wide) < TRIALS:
-                out[1 << (cls - 1)] = None
-            else:
-                out[1 << (cls - 1)] = (
-                    self.wide if statistics.median(wide) < statistics.median(narrow) else self.narrow
-                )
-        return out
+        return {1 << (cls - 1): self._favoured(times) for cls, times in sorted(self._classes.items())}
+
+    def _favoured(self, times: _ClassTimes) -> int | None:
+        """The width with the lower median per-token time, or None while either is still on trial."""
+        narrow, wide = times.times(self.narrow), times.times(self.wide)
+        if len(narrow) < TRIALS or len(wide) < TRIALS:
+            return None
+        return self.wide if statistics.median(wide) < statistics.median(narrow) else self.narrow
 
 
 class StepThreads:
