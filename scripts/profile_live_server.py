@@ -269,11 +269,11 @@ def thread_shares(raw_path: Path) -> str:
 
 
 def drive(argv: list[str]) -> int:
-    from kvtune.bench.load import LoadResult, run_batch
-    from kvtune.bench.local_http import free_port
-
     from kvtune.bench import engine as bench
     from kvtune.bench.benchmarks_md import machine_description
+    from kvtune.harness.load import LoadResult, run_batch
+    from kvtune.harness.local_http import free_port
+    from kvtune.harness.server import ServerProcess
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     bench.add_arguments(parser)
@@ -283,13 +283,13 @@ def drive(argv: list[str]) -> int:
     bench.validate(args)
     model_dir = bench.ensure_model(args.model_dir or bench.default_model_dir(args.model), args.model)
     port = free_port()
-    serve = bench.kvtune_command(args, model_dir, port)
+    serve = bench.cpu_serve_argv(args, model_dir, port)
     serve_args = serve[serve.index("serve") + 1 :]
     steps_path = args.out.with_suffix(".steps.json")
     command = [sys.executable, __file__, "--serve", str(steps_path), *serve_args]
     log_path = args.out.with_suffix(".log")
     print(f"machine: {machine_description()}; load average {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    with bench.KvtuneServer(command, port, log_path) as server:
+    with ServerProcess(command, port, log_path) as server:
         server.wait_ready(args.boot_timeout)
         raw_path = args.out.with_suffix(".pyspy.txt")
         spies: list[subprocess.Popen[bytes]] = []
