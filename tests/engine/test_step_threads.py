@@ -113,6 +113,33 @@ def widest_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def test_a_class_width_is_logged_when_decided_and_when_the_load_moves_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    step = StepThreads(Width(1), Width(2))
+    before = torch.get_num_threads()
+
+    def steps(count: int, seconds_per_token: dict[int, float]) -> None:
+        for _ in range(count):
+            threads = step.begin(100)
+            step.end(100, threads, seconds_per_token[threads] * 100)
+
+    try:
+        with caplog.at_level("DEBUG", logger="kvtune.engine.model.step_threads"):
+            steps(2 * TRIALS + RETRY_EVERY, {1: 2e-4, 2: 1e-4})
+            steps(8 * RETRY_EVERY, {1: 1e-4, 2: 3e-4})  # a neighbour takes the second core
+    finally:
+        torch.set_num_threads(before)
+    logged = [(record.levelname, record.getMessage()) for record in caplog.records]
+    assert logged[0] == (
+        "INFO",
+        "Steps of 64-127 tokens compute on 2 thread(s) (medians: 1 thread(s) 200.0 us/token, "
+        "2 thread(s) 100.0 us/token)",
+    )
+    assert len(logged) == 2  # once decided, then once moved: not at every step or retry
+    assert logged[1][0] == "DEBUG" and "compute on 1 thread(s)" in logged[1][1]
+
+
 @needs_two_cores
 def test_a_step_sets_torch_threads_and_the_engine_threads_cores() -> None:
     seen: list[tuple[int, int, set[int]]] = []

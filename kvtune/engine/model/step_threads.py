@@ -11,12 +11,15 @@ times steps at both widths, keeps the faster, and tries the other again now and 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 # Steps a width must be timed in, per class, before the faster is chosen.
 TRIALS = 4
@@ -76,6 +79,18 @@ class WidthChooser:
         times = self._classes.setdefault(size_class(tokens), _ClassTimes())
         times.times(threads).append(seconds / max(1, tokens))
 
+    def verdict(self, tokens: int) -> int | None:
+        """The width in favour for steps of `tokens` tokens; None while still on trial."""
+        times = self._classes.get(size_class(tokens))
+        return None if times is None else self._favoured(times)
+
+    def medians(self, tokens: int) -> dict[int, float]:
+        """Per width, the median per-token seconds of the class's recent steps (widths not yet timed left out)."""
+        times = self._classes.get(size_class(tokens))
+        if times is None:
+            return {}
+        return {threads: statistics.median(kept) for threads, kept in times.seconds_per_token.items() if kept}
+
     def verdicts(self) -> dict[int, int | None]:
         """Per size class (its smallest token count), the width in favour; None while still on trial."""
         return {1 << (cls - 1): self._favoured(times) for cls, times in sorted(self._classes.items())}
@@ -98,6 +113,7 @@ class StepThreads:
         self.chooser = WidthChooser(narrow.threads, wide.threads)
         self._widths = {narrow.threads: narrow, wide.threads: wide}
         self._current: int | None = None
+        self._announced: dict[int, int] = {}  # size class -> the width last logged for it
 
     def begin(self, tokens: int) -> int:
         """Set the width for a step of `tokens` tokens; returns its thread count."""
@@ -115,3 +131,27 @@ class StepThreads:
 
     def end(self, tokens: int, threads: int, seconds: float) -> None:
         self.chooser.record(tokens, threads, seconds)
+        self._announce(tokens)
+
+    def _announce(self, tokens: int) -> None:
+        """Log a class's width when it is first decided (INFO) and when the machine's load moves it (DEBUG):
+        which width a CPU favours for which step sizes is what to read when its throughput surprises."""
+        verdict = self.chooser.verdict(tokens)
+        cls = size_class(tokens)
+        if verdict is None or self._announced.get(cls) == verdict:
+            return
+        level = logging.DEBUG if cls in self._announced else logging.INFO
+        self._announced[cls] = verdict
+        low = 1 << (cls - 1)
+        timings = ", ".join(
+            f"{threads} thread(s) {seconds * 1e6:,.1f} us/token"
+            for threads, seconds in sorted(self.chooser.medians(tokens).items())
+        )
+        logger.log(
+            level,
+            "Steps of %d-%d tokens compute on %d thread(s) (medians: %s)",
+            low,
+            2 * low - 1,
+            verdict,
+            timings,
+        )
