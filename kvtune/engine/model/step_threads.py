@@ -143,15 +143,9 @@ class StepThreads:
         level = logging.DEBUG if cls in self._announced else logging.INFO
         self._announced[cls] = verdict
         low = 1 << (cls - 1)
+        sizes = "1 token" if low == 1 else f"{low}-{2 * low - 1} tokens"
         timings = ", ".join(
             f"{threads} thread(s) {seconds * 1e6:,.1f} us/token"
             for threads, seconds in sorted(self.chooser.medians(tokens).items())
         )
-        logger.log(
-            level,
-            "Steps of %d-%d tokens compute on %d thread(s) (medians: %s)",
-            low,
-            2 * low - 1,
-            verdict,
-            timings,
-        )
+        logger.log(level, "Steps of %s compute on %d thread(s) (medians: %s)", sizes, verdict, timings)
