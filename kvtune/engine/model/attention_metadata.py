@@ -8,6 +8,7 @@ puts decodes first to get the faster path; any order is correct.
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,26 +95,48 @@ def build_batch(
             positions.append(position)
             slots.append(chunk.block_table[position // block_size] * block_size + position % block_size)
         starts.append(starts[-1] + count)
+    num_tokens, num_seqs = starts[-1], len(chunks)
     width = max(len(chunk.block_table) for chunk in chunks)
-    tables = [list(chunk.block_table) + [0] * (width - len(chunk.block_table)) for chunk in chunks]
+    tables: list[int] = []
+    for chunk in chunks:
+        tables.extend(chunk.block_table)
+        tables.extend([0] * (width - len(chunk.block_table)))
     num_decodes = 0
-    while num_decodes < len(chunks) and len(chunks[num_decodes].token_ids) == 1:
+    while num_decodes < num_seqs and len(chunks[num_decodes].token_ids) == 1:
         num_decodes += 1
-    query_start_loc = torch.tensor(starts, dtype=torch.int32, device=device)
+    # Two host-to-tensor copies, not seven, through array.array (a third of torch.tensor's cost per element
+    # on a list): a decode step's block tables alone are a thousand or more ints. On a GPU, two transfers.
+    longs = _int_tensor(input_ids + positions + slots, "q", torch.int64, device)
+    ids_view, positions_view, slots_view = longs.split(num_tokens)
+    ints = _int_tensor(
+        starts
+        + [c.context_len + len(c.token_ids) for c in chunks]
+        + [c.context_len for c in chunks]
+        + tables,
+        "i",
+        torch.int32,
+        device,
+    )
+    query_start_loc, seq_lens, context_lens, flat_tables = ints.split(
+        [num_seqs + 1, num_seqs, num_seqs, num_seqs * width]
+    )
     metadata = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        slot_mapping=slots_view,
         query_start_loc=query_start_loc,
-        seq_lens=torch.tensor(
-            [c.context_len + len(c.token_ids) for c in chunks], dtype=torch.int32, device=device
-        ),
-        context_lens=torch.tensor([c.context_len for c in chunks], dtype=torch.int32, device=device),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+        seq_lens=seq_lens,
+        context_lens=context_lens,
+        block_tables=flat_tables.view(num_seqs, width),
         num_decodes=num_decodes,
         prefill_query_start_loc=query_start_loc[num_decodes:] - num_decodes,
         max_prefill_query_len=max((len(c.token_ids) for c in chunks[num_decodes:]), default=0),
     )
-    return BatchInputs(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
-        metadata=metadata,
-    )
+    return BatchInputs(input_ids=ids_view, positions=positions_view, metadata=metadata)
+
+
+def _int_tensor(
+    values: list[int], typecode: str, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """A 1-D integer tensor of `values` (typecode: array's code of the same width as dtype); the tensor keeps
+    the array alive."""
+    host = torch.frombuffer(array.array(typecode, values), dtype=dtype)
+    return host if torch.device(device).type == "cpu" else host.to(device)
