@@ -19,6 +19,7 @@ from kvtune.engine import command as serve
 from kvtune.engine.loop.compute_threads import allowed_cores
 from kvtune.engine.model.step_threads import (
     RETRY_EVERY,
+    TRIAL_SECONDS,
     TRIALS,
     StepThreads,
     Width,
@@ -39,10 +40,29 @@ def run(chooser: WidthChooser, tokens: int, seconds_per_token: dict[int, float],
 
 def test_both_widths_are_timed_first_then_the_faster_runs() -> None:
     chooser = WidthChooser(1, 2)
-    chosen = run(chooser, 2048, {1: 2e-4, 2: 1e-4}, 2 * TRIALS + 10)
+    chosen = run(chooser, 64, {1: 2e-4, 2: 1e-4}, 2 * TRIALS + 10)  # 6-13 ms steps: TRIALS each
     assert sorted(chosen[: 2 * TRIALS]) == [1] * TRIALS + [2] * TRIALS
     assert chosen[2 * TRIALS :] == [2] * 10
-    assert chooser.verdicts() == {2048: 2}
+    assert chooser.verdicts() == {64: 2}
+
+
+def test_long_steps_are_compared_after_one_each() -> None:
+    chooser = WidthChooser(1, 2)
+    tokens = 2000  # a prefill chunk: 2.4 s on one core, 1.4 s on two
+    chosen = run(chooser, tokens, {1: 2.4 / tokens, 2: 1.4 / tokens}, 6)
+    assert chosen == [1, 2, 2, 2, 2, 2]
+    assert chooser.verdicts() == {1024: 2}
+
+
+def test_short_steps_need_every_trial_even_when_one_width_has_had_its_seconds() -> None:
+    chooser = WidthChooser(1, 2)
+    # one narrow step long enough to count as its trial (the machine stalled), then ordinary short steps
+    chooser.record(100, 1, TRIAL_SECONDS)
+    chosen = [chooser.threads_for(100) for _ in range(TRIALS)]
+    for threads in chosen:
+        chooser.record(100, threads, 1e-3)
+    assert chosen == [2] * TRIALS  # the wide width's trials, not more narrow ones
+    assert chooser.verdicts() == {64: 2}
 
 
 def test_the_slower_width_is_retried_so_a_change_in_load_is_seen() -> None:

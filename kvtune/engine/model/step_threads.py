@@ -21,8 +21,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# Steps a width must be timed in, per class, before the faster is chosen.
+# Steps a width must be timed in, per class, before the faster is chosen...
 TRIALS = 4
+# ...unless its timed steps already add up to this many seconds: one long prefill chunk is a measurement in
+# itself, and four on the slower width cost a short burst of work seconds (the small model's 2,000-token
+# chunks take 1.4 s on two cores of this EPYC and 2.4 s on one).
+TRIAL_SECONDS = 0.2
 # Every this many steps of a class, the width not in favour runs once, so a change in the machine's load is seen.
 RETRY_EVERY = 24
 # The per-token times kept per class and width: the median of the most recent ones decides.
@@ -46,9 +50,14 @@ def size_class(tokens: int) -> int:
 class _ClassTimes:
     steps: int = 0
     seconds_per_token: dict[int, deque[float]] = field(default_factory=dict)
+    seconds_timed: dict[int, float] = field(default_factory=dict)
 
     def times(self, threads: int) -> deque[float]:
         return self.seconds_per_token.setdefault(threads, deque(maxlen=KEPT))
+
+    def tried(self, threads: int) -> bool:
+        """Whether `threads` has been timed enough to be compared: TRIALS steps, or TRIAL_SECONDS of them."""
+        return len(self.times(threads)) >= TRIALS or self.seconds_timed.get(threads, 0.0) >= TRIAL_SECONDS
 
 
 class WidthChooser:
@@ -61,12 +70,14 @@ class WidthChooser:
         self._classes: dict[int, _ClassTimes] = {}
 
     def threads_for(self, tokens: int) -> int:
-        """Trials first (the width with fewer timings), then the faster median; the other one every
-        RETRY_EVERY-th step of the class."""
+        """Trials first (the width not yet tried, else the one with fewer timings), then the faster median; the
+        other one every RETRY_EVERY-th step of the class."""
         times = self._classes.setdefault(size_class(tokens), _ClassTimes())
         times.steps += 1
         faster = self._favoured(times)
         if faster is None:
+            if times.tried(self.narrow) != times.tried(self.wide):
+                return self.wide if times.tried(self.narrow) else self.narrow
             narrow, wide = times.times(self.narrow), times.times(self.wide)
             return self.narrow if len(narrow) <= len(wide) else self.wide
         slower = self.narrow if faster == self.wide else self.wide
@@ -78,6 +89,7 @@ class WidthChooser:
             return
         times = self._classes.setdefault(size_class(tokens), _ClassTimes())
         times.times(threads).append(seconds / max(1, tokens))
+        times.seconds_timed[threads] = times.seconds_timed.get(threads, 0.0) + seconds
 
     def verdict(self, tokens: int) -> int | None:
         """The width in favour for steps of `tokens` tokens; None while still on trial."""
@@ -97,9 +109,9 @@ class WidthChooser:
 
     def _favoured(self, times: _ClassTimes) -> int | None:
         """The width with the lower median per-token time, or None while either is still on trial."""
-        narrow, wide = times.times(self.narrow), times.times(self.wide)
-        if len(narrow) < TRIALS or len(wide) < TRIALS:
+        if not (times.tried(self.narrow) and times.tried(self.wide)):
             return None
+        narrow, wide = times.times(self.narrow), times.times(self.wide)
         return self.wide if statistics.median(wide) < statistics.median(narrow) else self.narrow
 
 
