@@ -19,6 +19,7 @@ from kvtune.engine import command as serve
 from kvtune.engine.loop.compute_threads import allowed_cores
 from kvtune.engine.model.step_threads import (
     RETRY_EVERY,
+    SHORT_TRIALS,
     TRIAL_SECONDS,
     TRIALS,
     StepThreads,
@@ -46,18 +47,29 @@ def test_both_widths_are_timed_first_then_the_faster_runs() -> None:
     assert chooser.verdicts() == {64: 2}
 
 
-def test_long_steps_are_compared_after_one_each() -> None:
+def test_long_steps_are_compared_after_two_each() -> None:
     chooser = WidthChooser(1, 2)
     tokens = 2000  # a prefill chunk: 2.4 s on one core, 1.4 s on two
-    chosen = run(chooser, tokens, {1: 2.4 / tokens, 2: 1.4 / tokens}, 6)
-    assert chosen == [1, 2, 2, 2, 2, 2]
+    chosen = run(chooser, tokens, {1: 2.4 / tokens, 2: 1.4 / tokens}, 8)
+    assert chosen == [1, 2, 1, 2, 2, 2, 2, 2]
+    assert chooser.verdicts() == {1024: 2}
+
+
+def test_one_slowed_long_step_does_not_decide() -> None:
+    chooser = WidthChooser(1, 2)
+    tokens = 2000
+    # the wide width's first chunk is slowed fivefold (a new shape's setup, a neighbour); its second is not
+    for threads, seconds in ((1, 2.4), (2, 7.0), (1, 2.4), (2, 1.4)):
+        assert chooser.threads_for(tokens) == threads
+        chooser.record(tokens, threads, seconds)
     assert chooser.verdicts() == {1024: 2}
 
 
 def test_short_steps_need_every_trial_even_when_one_width_has_had_its_seconds() -> None:
     chooser = WidthChooser(1, 2)
-    # one narrow step long enough to count as its trial (the machine stalled), then ordinary short steps
-    chooser.record(100, 1, TRIAL_SECONDS)
+    # narrow steps long enough to count as its trial (the machine stalled), then ordinary short steps
+    for _ in range(SHORT_TRIALS):
+        chooser.record(100, 1, TRIAL_SECONDS)
     chosen = [chooser.threads_for(100) for _ in range(TRIALS)]
     for threads in chosen:
         chooser.record(100, threads, 1e-3)

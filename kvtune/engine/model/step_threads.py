@@ -23,9 +23,11 @@ logger = logging.getLogger(__name__)
 
 # Steps a width must be timed in, per class, before the faster is chosen...
 TRIALS = 4
-# ...unless its timed steps already add up to this many seconds: one long prefill chunk is a measurement in
-# itself, and four on the slower width cost a short burst of work seconds (the small model's 2,000-token
-# chunks take 1.4 s on two cores of this EPYC and 2.4 s on one).
+# ...unless it has SHORT_TRIALS steps adding up to TRIAL_SECONDS: long prefill chunks are measurements in
+# themselves, and four on the slower width cost a short burst seconds (the small model's 2,000-token chunks
+# take 1.4 s on two cores of this EPYC and 2.4 s on one). Two, compared by their minimum, so that one step
+# slowed by something else (a first shape's setup, a neighbour) does not decide.
+SHORT_TRIALS = 2
 TRIAL_SECONDS = 0.2
 # Every this many steps of a class, the width not in favour runs once, so a change in the machine's load is seen.
 RETRY_EVERY = 24
@@ -56,8 +58,11 @@ class _ClassTimes:
         return self.seconds_per_token.setdefault(threads, deque(maxlen=KEPT))
 
     def tried(self, threads: int) -> bool:
-        """Whether `threads` has been timed enough to be compared: TRIALS steps, or TRIAL_SECONDS of them."""
-        return len(self.times(threads)) >= TRIALS or self.seconds_timed.get(threads, 0.0) >= TRIAL_SECONDS
+        """Whether `threads` has been timed enough to be compared: TRIALS steps, or SHORT_TRIALS adding up to
+        TRIAL_SECONDS."""
+        timed = len(self.times(threads))
+        long_enough = timed >= SHORT_TRIALS and self.seconds_timed.get(threads, 0.0) >= TRIAL_SECONDS
+        return timed >= TRIALS or long_enough
 
 
 class WidthChooser:
@@ -108,11 +113,13 @@ class WidthChooser:
         return {1 << (cls - 1): self._favoured(times) for cls, times in sorted(self._classes.items())}
 
     def _favoured(self, times: _ClassTimes) -> int | None:
-        """The width with the lower median per-token time, or None while either is still on trial."""
+        """The width with the lower median per-token time (the lower minimum while either has fewer than
+        TRIALS timings), or None while either is still on trial."""
         if not (times.tried(self.narrow) and times.tried(self.wide)):
             return None
         narrow, wide = times.times(self.narrow), times.times(self.wide)
-        return self.wide if statistics.median(wide) < statistics.median(narrow) else self.narrow
+        typical = statistics.median if min(len(narrow), len(wide)) >= TRIALS else min
+        return self.wide if typical(wide) < typical(narrow) else self.narrow
 
 
 class StepThreads:
