@@ -107,7 +107,7 @@ def build_batch(
     # Two host-to-tensor copies, not seven, through array.array (a third of torch.tensor's cost per element
     # on a list): a decode step's block tables alone are a thousand or more ints. On a GPU, two transfers.
     longs = _int_tensor(input_ids + positions + slots, "q", torch.int64, device)
-    ids_view, positions_view, slots_view = longs.split(num_tokens)
+    ids_view, positions_view, slots_view = torch.split(longs, num_tokens)
     ints = _int_tensor(
         starts
         + [c.context_len + len(c.token_ids) for c in chunks]
@@ -117,8 +117,8 @@ def build_batch(
         torch.int32,
         device,
     )
-    query_start_loc, seq_lens, context_lens, flat_tables = ints.split(
-        [num_seqs + 1, num_seqs, num_seqs, num_seqs * width]
+    query_start_loc, seq_lens, context_lens, flat_tables = torch.split(
+        ints, [num_seqs + 1, num_seqs, num_seqs, num_seqs * width]
     )
     metadata = AttentionMetadata(
         slot_mapping=slots_view,
