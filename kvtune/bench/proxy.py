@@ -473,21 +473,19 @@ def running_upstream(args: argparse.Namespace, model_dir: Path, log_dir: Path) -
             f"vLLM's CPU build {version} (tiny model, block {args.block_size}, its default settings)"
         )
         reserved = reserved_cpus(server.log_text())
+        before = os.sched_getaffinity(0)
         if reserved:
             # vLLM binds its model to some cores and leaves the rest to its API server. The client, the
             # proxy and the relay go there too, as a sidecar with its own CPU would never take the engine's
             # compute; the direct path runs under the same pinning, so both sides meet the same machine.
-            before = os.sched_getaffinity(0)
             os.sched_setaffinity(0, reserved)
             description += (
                 f"; the client, proxy and relay pinned to the CPUs vLLM reserves for them, {sorted(reserved)}"
             )
-            try:
-                yield server.url, description
-            finally:  # run in-process (the tests), the caller's thread gets its cores back
-                os.sched_setaffinity(0, before)
-            return
-        yield server.url, description
+        try:
+            yield server.url, description
+        finally:  # run in-process (the tests), the caller's thread gets its cores back
+            os.sched_setaffinity(0, before)
 
 
 def reserved_cpus(vllm_log: str) -> set[int]:
