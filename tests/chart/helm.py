@@ -57,19 +57,28 @@ def require_helm() -> str:
     return path
 
 
-def helm(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require_helm(), *map(str, args)], capture_output=True, text=True, timeout=120)
+def helm(*args: str | Path, binary: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`helm ARGS`, with the `helm` found above unless `binary` names another (tests/chart/helm_versions.py)."""
+    return subprocess.run(
+        [binary or require_helm(), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def template(
-    values: dict[str, Any], tmp_path: Path, api_versions: tuple[str, ...] = (), bare: bool = False
+    values: dict[str, Any],
+    tmp_path: Path,
+    api_versions: tuple[str, ...] = (),
+    bare: bool = False,
+    binary: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`helm template` of the chart with these values (written to a file, as users pass them), over
     BASE_VALUES unless `bare`."""
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values if bare else merged(BASE_VALUES, values)))
     extra = [arg for api in api_versions for arg in ("--api-versions", api)]
-    return helm("template", RELEASE, CHART, "--namespace", NAMESPACE, "-f", values_file, *extra)
+    return helm(
+        "template", RELEASE, CHART, "--namespace", NAMESPACE, "-f", values_file, *extra, binary=binary
+    )
 
 
 def render(

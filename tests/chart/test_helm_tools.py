@@ -1,5 +1,5 @@
 """helm for the tests: a missing helm fails with the fix (never a skip), and scripts/install_helm.py (what
-`make helm-tools` runs) is a no-op when both binaries run, refuses a tarball whose sha512 is not the pinned
+`make helm-tools` runs) is a no-op when every binary runs, refuses a tarball whose sha512 is not the pinned
 one, and says why in one line."""
 
 from __future__ import annotations
@@ -38,16 +38,16 @@ def test_helm_is_found_and_runs() -> None:
     assert helm_module.helm("version", "--short").stdout.startswith("v")
 
 
-def test_install_is_a_no_op_when_both_binaries_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_install_is_a_no_op_when_every_binary_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     script = install_script()
     helm = Path(require_helm())
-    kubectl = helm.parent / "kubectl" if (helm.parent / "kubectl").exists() else shutil.which("kubectl")
-    assert kubectl is not None, "kubectl is missing: run `make helm-tools`"
-    (tmp_path / "helm").symlink_to(helm)
-    (tmp_path / "kubectl").symlink_to(kubectl)
+    for name in script.BINARIES:
+        found = helm.parent / name if (helm.parent / name).exists() else shutil.which(name)
+        assert found is not None, f"{name} is missing: run `make helm-tools`"
+        (tmp_path / name).symlink_to(found)
 
-    def no_download() -> bytes:
-        raise AssertionError("downloaded although both binaries run")
+    def no_download(package: object) -> bytes:
+        raise AssertionError("downloaded although every binary runs")
 
     monkeypatch.setattr(script, "download", no_download)
     assert script.install(tmp_path) == []
@@ -61,7 +61,7 @@ def test_a_tarball_that_is_not_the_pinned_one_is_refused(
     dest = tmp_path / "bin"
     assert script.main([str(dest)]) == 1
     error = capsys.readouterr().err
-    assert error.startswith(f"error: cannot install helm and kubectl into {dest}: ")
+    assert error.startswith(f"error: cannot install helm, kubectl, helm3 into {dest}: ")
     assert "does not have the pinned sha512" in error and error.count("\n") == 1
     assert not (dest / "helm").exists()
 
