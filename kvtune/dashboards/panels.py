@@ -73,6 +73,15 @@ def _quantiles(family: str, unit: str, by: str = "pod") -> tuple[Target, ...]:
     )
 
 
+def _preempted_beyond(times: int, by: str = "") -> str:
+    """Finished requests per second preempted more than `times` times (a bound of vLLM's buckets): all of
+    them (`le="+Inf"`) less those at most `times` (`le` is "5" on Prometheus 3, "5.0" as scraped by 2.x)."""
+    family = "kvtune_engine:preemptions_per_request_bucket:rate5m"
+    grouped = f"sum by ({by}) " if by else "sum"
+    at_most = f'le=~"{times}|{times}\\\\.0"'
+    return f'{grouped}({family}{{{ENGINE}, le="+Inf"}}) - {grouped}({family}{{{ENGINE}, {at_most}}})'
+
+
 PREEMPTIONS_OVERLAY = Target(
     f"sum(kvtune_engine:preemptions:rate5m{{{ENGINE}}})", "preemptions/s (all pods)", PER_SECOND
 )
@@ -111,6 +120,40 @@ def _kv_cache() -> list[PanelSpec]:
             (
                 Target(f"sum by (pod) (kvtune_engine:preemptions:total{{{ENGINE}}})", "{{pod}}", COUNT),
                 Target(f"sum(kvtune_engine:preemptions:total{{{ENGINE}}})", "all pods", COUNT),
+            ),
+        ),
+        PanelSpec(
+            d,
+            "KV cache",
+            "Requests preempted more than once",
+            "Finished requests per second by how often they were preempted (vllm:request_num_preemptions: "
+            "vLLM 0.30 and later, kvtune serve), beside preemptions per second: a request preempted five "
+            "times adds five to the preemptions and one to the 2+ line. vLLM's first bucket holds never and "
+            "once together, so the lines start at twice. Healthy: zero; requests preempted again and again "
+            "are thrashing.",
+            (
+                Target(_preempted_beyond(1, "pod"), "2+ times {{pod}}", PER_SECOND),
+                Target(_preempted_beyond(1), "2+ times, all pods", PER_SECOND),
+                Target(_preempted_beyond(5), "6+ times, all pods", PER_SECOND),
+                Target(
+                    f"sum(kvtune_engine:preemptions:rate5m{{{ENGINE}}})", "preemptions, all pods", PER_SECOND
+                ),
+            ),
+        ),
+        PanelSpec(
+            d,
+            "KV cache",
+            "Preemptions by reason",
+            "Why engines preempt, where they say (vLLM's proposed vllm:num_preemptions_by_reason, vllm#58037): "
+            "kv_full and priority evict for lack of a free block, what a lower max_num_seqs relieves; "
+            "prefix_cache_reset does not. 'unattributed': an engine that gives no reason (every vLLM release "
+            "through 0.34, SGLang, kvtune serve). Healthy: zero.",
+            (
+                Target(
+                    f"sum by (reason) (kvtune_engine:preemptions_by_reason:rate5m{{{ENGINE}}})",
+                    "{{reason}}",
+                    PER_SECOND,
+                ),
             ),
         ),
         PanelSpec(

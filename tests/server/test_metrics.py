@@ -33,6 +33,7 @@ HISTOGRAMS = [
     "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens",
     "vllm:request_params_max_tokens",
+    "vllm:request_num_preemptions",
 ]
 
 

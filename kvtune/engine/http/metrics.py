@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.contract.metrics import CAPPED_LABELS
+from kvtune.contract.preemptions import REQUEST_PREEMPTIONS_BUCKETS, REQUEST_PREEMPTIONS_SERIES
 from kvtune.engine.loop.llm_engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
 from kvtune.engine.loop.thread import EngineStats
 from kvtune.front.prefix_report import PrefixDefeatCollector
@@ -117,6 +118,12 @@ class EngineMetrics:
         self.request_max_tokens = histogram(
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", sizes
         )
+        # vLLM's buckets and semantics: every finished request is observed, never-preempted ones as 0
+        self.request_preemptions = histogram(
+            REQUEST_PREEMPTIONS_SERIES,
+            "Histogram of the number of times a request was preempted.",
+            REQUEST_PREEMPTIONS_BUCKETS,
+        )
         pool_tokens = engine.cache.num_tokens
         cache_info = Gauge(
             "vllm:cache_config_info",
@@ -163,8 +170,8 @@ class EngineMetrics:
             self.kv_cache_usage, self.running, self.waiting, self.preemptions, self.prefix_queries,
             self.prefix_hits, self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
             self.queue_time, self.request_prompt_tokens, self.request_generation_tokens,
-            self.request_max_tokens, self.effective, self.held_empty, self.max_num_seqs,
-            self.max_tokens_cap,
+            self.request_max_tokens, self.request_preemptions, self.effective, self.held_empty,
+            self.max_num_seqs, self.max_tokens_cap,
         ):  # fmt: skip
             metric.labels(**self.labels)
         for reason in ("stop", "length", "abort", ERROR_FINISH_REASON):
@@ -219,6 +226,7 @@ class EngineMetrics:
                 self.request_prompt_tokens.labels(**labels).observe(fin.prompt_tokens)
                 self.request_generation_tokens.labels(**labels).observe(fin.generation_tokens)
                 self.request_max_tokens.labels(**labels).observe(fin.max_tokens)
+                self.request_preemptions.labels(**labels).observe(fin.num_preemptions)
             for gap in stats.inter_token_latencies:
                 self.itl.labels(**labels).observe(gap)
 

@@ -76,6 +76,7 @@ class FinishedStats:
     prompt_tokens: int
     generation_tokens: int
     max_tokens: int
+    num_preemptions: int = 0  # times this request was preempted (vllm:request_num_preemptions)
 
 
 @dataclass
@@ -522,6 +523,7 @@ class LLMEngine:
                 prompt_tokens=req.num_prompt_tokens,
                 generation_tokens=len(req.output_token_ids),
                 max_tokens=track.params.max_tokens,
+                num_preemptions=req.num_preemptions,
             )
         )
 

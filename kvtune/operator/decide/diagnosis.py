@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.continuity import ALTERNATING_HINT, anomalies
 from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.preemption_detail import (
+    PreemptedRequests,
+    causes_text,
+    kv_pressure_increase,
+    preemption_causes,
+    spread_text,
+    window_preempted_requests,
+)
 from kvtune.operator.decide.sample import Histogram
 from kvtune.operator.decide.window import Window, histogram_quantile
 
@@ -23,7 +31,7 @@ CACHED_SOURCES = ("local_cache_hit", "external_kv_transfer")
 @dataclass(frozen=True)
 class Finding:
     code: str  # Preempting, KVSaturated, WaitingForCapacity, LowPrefixHitRate, NoData, Idle, EngineRestarted,
-    # CorruptMetrics, AlternatingSource
+    # CorruptMetrics, AlternatingSource, PreemptedForOtherReasons
     severity: str  # info, warning, critical
     message: str
     evidence: str
@@ -45,8 +53,15 @@ class Diagnosis:
     window_seconds: float = 0.0
     samples: int = 0
     restarts: int = 0
+    # KV-pressure preemptions (what the ladder remedies): all of them unless the engine says why
     preemptions: float | None = None
     preemption_rate: float | None = None
+    # where the engine says why (vllm#58037's by-reason counter): (reason, preemptions) that moved, and the
+    # preemptions no lack of KV blocks caused, reported and left out of the two figures above
+    preemptions_by_reason: tuple[tuple[str, float], ...] = ()
+    other_preemptions: float | None = None
+    # the requests that finished in the window by times preempted (vllm:request_num_preemptions, vLLM >= 0.30)
+    preempted_requests: PreemptedRequests | None = None
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
     prefix_hit_rate: float | None = None
@@ -179,8 +194,11 @@ def pooled_p95_concurrency(pool: float, mean: float | None, p95: float | None) -
 def diagnose(window: Window, engine: EngineView) -> Diagnosis:
     if not window.samples:
         return no_data("no sample in the window")
-    preemptions = window.increase(m.PREEMPTIONS)
-    preemption_rate = window.rate(m.PREEMPTIONS)
+    preemptions = kv_pressure_increase(window)
+    preemption_rate = (
+        preemptions / window.duration if preemptions is not None and window.duration > 0 else None
+    )
+    causes = preemption_causes(window)
     generated = window.increase(m.GENERATION_TOKENS)
     prompt = window.increase(m.PROMPT_TOKENS)
     running_max = window.gauge_max(m.RUNNING)
@@ -215,6 +233,9 @@ def diagnose(window: Window, engine: EngineView) -> Diagnosis:
         restarts=window.restarts(),
         preemptions=preemptions,
         preemption_rate=preemption_rate,
+        preemptions_by_reason=() if causes is None else causes.by_reason,
+        other_preemptions=None if causes is None else causes.other,
+        preempted_requests=window_preempted_requests(window),
         kv_usage_mean=window.gauge_mean(m.KV_USAGE),
         kv_usage_max=window.gauge_max(m.KV_USAGE),
         prefix_hit_rate=hit_rate,
@@ -285,19 +306,36 @@ def _with_findings(d: Diagnosis, window: Window, engine: EngineView) -> Diagnosi
         )
     if d.status == "idle":
         findings.append(Finding("Idle", "info", "no traffic in the window", span))
+    causes = preemption_causes(window)
+    detail = "" if causes is None else f"; {causes_text(causes)}"
+    if d.preempted_requests is not None:
+        detail += f"; {spread_text(d.preempted_requests)}"
     if d.preempting:
+        kind, counted = (
+            ("", "num_preemptions") if causes is None else (" for lack of KV blocks", "KV-pressure")
+        )
         findings.append(
             Finding(
                 "Preempting",
                 "critical",
-                f"{d.preemption_rate:.2f} preemptions/s: prompts are paid for twice",
-                f"num_preemptions +{d.preemptions:.0f} {span}; KV usage max {_pct(d.kv_usage_max)}",
+                f"{d.preemption_rate:.2f} preemptions/s{kind}: prompts are paid for twice",
+                f"{counted} +{d.preemptions:.0f} {span}; KV usage max {_pct(d.kv_usage_max)}{detail}",
             )
         )
     elif d.preemption_rate is None and (window.gauge_max(m.RETRACTED_NOW) or 0) > 0:
         findings.append(
             Finding(
                 "Preempting", "critical", "the engine is retracting requests", "sglang:num_retracted_reqs > 0"
+            )
+        )
+    if d.other_preemptions:
+        findings.append(
+            Finding(
+                "PreemptedForOtherReasons",
+                "warning",
+                f"{d.other_preemptions:.0f} preemptions not caused by a full KV cache: reported only, fewer "
+                "residents would not prevent them",
+                f"num_preemptions_by_reason {span}{detail}",
             )
         )
     if d.saturated:

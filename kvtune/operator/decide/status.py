@@ -122,6 +122,12 @@ def conditions_for(
             before, "Preempting", "True", "PreemptionsObserved",
             f"{d.preemption_rate:.2f} preemptions/s over {d.window_seconds:.0f} s", now,
         )  # fmt: skip
+    elif d.other_preemptions:  # the engine says why, and none was for lack of KV blocks: nothing to remedy
+        others = ", ".join(f"{reason} {count:.0f}" for reason, count in d.preemptions_by_reason)
+        preempting = condition(
+            before, "Preempting", "False", "NoKVPressurePreemptions",
+            f"over {d.window_seconds:.0f} s; {d.other_preemptions:.0f} for other reasons ({others})", now,
+        )  # fmt: skip
     else:
         preempting = condition(
             before, "Preempting", "False", "NoPreemptions", f"over {d.window_seconds:.0f} s", now

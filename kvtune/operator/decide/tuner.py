@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS
-from kvtune.contract.metrics import PREEMPTIONS, REQUEST_GENERATION_TOKENS, RUNNING
+from kvtune.contract.metrics import REQUEST_GENERATION_TOKENS, RUNNING
 from kvtune.core.predict import NoForecast, judge, plan
 from kvtune.core.workload_fit import Insufficient
 from kvtune.operator.decide.continuity import Continuity
@@ -39,6 +39,7 @@ from kvtune.operator.decide.ladder import (
 )
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.prediction import PredictionState, fit_limits, objective_of
+from kvtune.operator.decide.preemption_detail import kv_pressure_increase
 from kvtune.operator.decide.window import Window
 
 HISTORY_LIMIT = 32
@@ -209,7 +210,7 @@ def _clean_since(window: Window, start: float) -> bool:
     or before `start`, or a preemption just after it would go unseen."""
     if not window.samples or window.samples[0].timestamp > start:
         return False
-    return window.since(start).increase(PREEMPTIONS) == 0
+    return kv_pressure_increase(window.since(start)) == 0
 
 
 def held_since(window: Window, pending: Pending) -> float | None:
@@ -442,7 +443,7 @@ def _predictive(
     if forecast is not None and forecast.value == current and state.pending is None:
         # the forecast in force: a window that contradicts it is a miss like the one after a jump
         since = window.since(state.prediction.since)
-        observed, why = since.increase(PREEMPTIONS) or 0.0, None
+        observed, why = kv_pressure_increase(since) or 0.0, None
         if since.duration >= policy.evaluation_window_s:
             why = judge(forecast, observed, since.duration)
         if why is None:

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvtune.contract import metrics as m
@@ -228,6 +228,10 @@ def report(
         "findings": {
             "preemption_rate": d.preemption_rate,
             "preemptions": d.preemptions,
+            # newer vLLMs only (None / {} on others): why, and how the preemptions spread over requests
+            "preemptions_by_reason": dict(d.preemptions_by_reason),
+            "other_preemptions": d.other_preemptions,
+            "preempted_requests": None if d.preempted_requests is None else asdict(d.preempted_requests),
             "kv_usage": d.kv_usage_mean,
             "kv_usage_max": d.kv_usage_max,
             "prefix_hit_rate": d.prefix_hit_rate,
