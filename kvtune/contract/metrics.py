@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvtune.contract.knobs import CAP_MODES
+from kvtune.contract.preemptions import PREEMPTIONS_BY_REASON_SERIES, REQUEST_PREEMPTIONS_SERIES
 
 
 class Kind(Enum):
@@ -48,6 +49,7 @@ KV_EFFECTIVE = "kv_effective_utilization"
 MAX_NUM_SEQS = "max_num_seqs"
 MAX_TOKENS_CAP = "max_tokens_cap"
 PREEMPTIONS = "preemptions"
+PREEMPTIONS_BY_REASON = "preemptions_by_reason"  # newer vLLM, see kvtune.contract.preemptions
 PREFIX_QUERIES = "prefix_cache_queries"
 PREFIX_HITS = "prefix_cache_hits"
 PROMPT_TOKENS = "prompt_tokens"
@@ -61,6 +63,7 @@ PREFIX_DEFEAT_TOKENS = "prefix_defeat_tokens"
 REQUEST_PROMPT_TOKENS = "request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "request_generation_tokens"
 REQUEST_MAX_TOKENS = "request_max_tokens"
+REQUEST_PREEMPTIONS = "request_preemptions"  # preemptions per finished request (a histogram)
 CACHE_CONFIG = "cache_config"
 PROCESS_START = "process_start_time"
 
@@ -87,6 +90,9 @@ NAME_MAP: dict[str, Canonical] = {
     "vllm:request_prompt_tokens": Canonical(REQUEST_PROMPT_TOKENS, _H),
     "vllm:request_generation_tokens": Canonical(REQUEST_GENERATION_TOKENS, _H),
     "vllm:request_params_max_tokens": Canonical(REQUEST_MAX_TOKENS, _H),
+    # vLLM >= 0.30, and the by-reason counter vllm#58037 proposes (kvtune.contract.preemptions)
+    REQUEST_PREEMPTIONS_SERIES: Canonical(REQUEST_PREEMPTIONS, _H),
+    PREEMPTIONS_BY_REASON_SERIES: Canonical(PREEMPTIONS_BY_REASON, _C, split_label="reason"),
     "vllm:cache_config_info": Canonical(CACHE_CONFIG, Kind.INFO),
     # vLLM legacy names (V0 / early V1, removed by 0.11)
     "vllm:gpu_cache_usage_perc": Canonical(KV_USAGE, _G, Merge.MAX),
@@ -158,6 +164,13 @@ QUEUE_SERIES = ("vllm:request_queue_time_seconds",)
 ENGINE_PREFIXES = ("vllm", "sglang", "kvtune")
 PROCESS_SERIES = ("process_start_time_seconds",)  # read beside the engine's own series
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# Prefixes a scrape's relabelling puts before every name: KServe's controller-made PodMonitor for an
+# LLMInferenceService stores `vllm:num_requests_running` as `kserve_vllm:num_requests_running` (kserve#5208).
+RELABEL_PREFIXES = ("kserve_",)
+# Label matchers every engine's series satisfies and a router's copy of them does not: production-stack's
+# router re-exports vllm:num_requests_running/waiting and the prefix-cache gauges once per backend, each
+# labelled `server` (the backend's URL), which no engine and no Kubernetes scrape sets.
+ENGINE_MATCHERS = ('server=""',)
 
 
 def series_of(canonical: str, engine: str | None = None) -> tuple[str, ...]:
@@ -171,15 +184,20 @@ def series_of(canonical: str, engine: str | None = None) -> tuple[str, ...]:
 
 
 def spellings(*colon_names: str) -> list[str]:
-    """Each name in its colon spelling and in the underscore spelling an OpenMetrics scrape stores."""
-    out: list[str] = []
+    """Each name in its colon spelling and in the underscore spelling an OpenMetrics scrape stores, then
+    both again under each relabelling prefix (`kserve_vllm:...`, `kserve_vllm_...`)."""
+    plain: list[str] = []
     for name in colon_names:
-        out += [name, name.replace(":", "_", 1)]
-    return out
+        plain += [name, name.replace(":", "_", 1)]
+    return plain + [prefix + name for prefix in RELABEL_PREFIXES for name in plain]
 
 
 def colon_spelling(series: str) -> str:
-    """`vllm_num_preemptions_total` -> `vllm:num_preemptions_total` (colon names pass unchanged)."""
+    """`vllm_num_preemptions_total` or `kserve_vllm:num_preemptions_total` -> `vllm:num_preemptions_total`
+    (colon names pass unchanged; a relabelling prefix goes, so `kserve_process_start_time_seconds` reads
+    as the process series it is)."""
+    for relabel in RELABEL_PREFIXES:
+        series = series.removeprefix(relabel)
     for prefix in ENGINE_PREFIXES:
         if series.startswith(prefix + "_"):
             return f"{prefix}:{series[len(prefix) + 1 :]}"

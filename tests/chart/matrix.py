@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.chart.helm import MONITORING_API
+import yaml
+
+from tests.chart.helm import MONITORING_API, REPO
 
 ENGINE_IMAGE = "registry.example.com/platform/kvtune-engine"
 PROXY_IMAGE = "registry.example.com/platform/kvtune-proxy"
@@ -28,6 +30,15 @@ POD_MONITOR_ON = {
     }
 }
 
+# The values of each layout docs/install.md names (plain vLLM, production-stack, KServe, llm-d, kvtune's engine).
+LAYOUTS = {path.stem: path for path in sorted((REPO / "deploy" / "layouts").glob("*.yaml"))}
+
+
+def layout(name: str) -> dict[str, object]:
+    values: dict[str, object] = yaml.safe_load(LAYOUTS[name].read_text())
+    return values
+
+
 # name -> (values, --api-versions): the matrix, plus forced monitoring and two watched namespaces.
 MATRIX: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "default": ({}, ()),
@@ -47,4 +58,5 @@ MATRIX: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
         {"maxMode": "Apply", "uninstall": {"deletePolicies": True}, "watchNamespaces": ["inference"]},
         (MONITORING_API,),
     ),
+    **{f"layout-{name}": (layout(name), (MONITORING_API,)) for name in LAYOUTS},
 }

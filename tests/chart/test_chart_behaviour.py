@@ -228,7 +228,7 @@ def test_the_vllm_example_sends_clients_through_the_proxy_sidecar(tmp_path: Path
     assert engine_service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert policy["target"]["podEndpoints"] == {
         "service": "kvtune-example-vllm-engine",
-        "metricsPort": {port["name"]: port["containerPort"] for port in vllm["ports"]}["vllm"],
+        "metricsPort": {port["name"]: port["containerPort"] for port in vllm["ports"]}["http"],
         "proxyPort": proxy_ports["proxy"],
         "proxyAdminPort": proxy_ports["proxy-admin"],
     }

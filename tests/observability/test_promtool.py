@@ -51,10 +51,11 @@ def test_promtool_check_rules_on_both_renderings(tmp_path: Path) -> None:
     crd = yaml.safe_load((DEPLOY / command.PROMETHEUS_RULE_FILE).read_text())
     extracted = tmp_path / "from-prometheusrule.yaml"
     extracted.write_text(yaml.safe_dump({"groups": crd["spec"]["groups"]}))
+    count = sum(len(group.rules) for group in rules.rule_groups())
     for path in (DEPLOY / command.RULES_FILE, extracted):
         result = _promtool("check", "rules", "--lint=duplicate-rules", "--lint-fatal", path)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "SUCCESS: 29 rules found" in result.stdout
+        assert f"SUCCESS: {count} rules found" in result.stdout
 
 
 @pytest.mark.parametrize("unit", UNIT_TESTS, ids=[p.stem for p in UNIT_TESTS])

@@ -90,6 +90,20 @@ def test_prometheus_by_pod_without_a_pod_label_is_no_data() -> None:
         assert isinstance(found, NoData) and "pod" in found.reason
 
 
+def test_prometheus_by_pod_leaves_out_a_pod_without_engine_series() -> None:
+    """A router in the namespace (vllm-project/router's own `vllm_router_*`) or a process that exports only
+    its start time is no engine: the pods read are the engines."""
+    router = (
+        '# TYPE vllm_router_running_requests gauge\nvllm_router_running_requests{worker="http://a:8000"} 3\n'
+        "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+    )
+    engine = fixture_text("kvtune_preempting_t0.prom")
+    answer = by_pod_answer({"llama-0": engine, "router-0": router, "llama-1": engine})
+    for base in serve_routes({"/api/v1/query": [(200, "application/json", answer)]}):
+        readings = PrometheusSource(base, 'namespace="inference"').read_pods()
+        assert not isinstance(readings, NoData) and sorted(readings) == ["llama-0", "llama-1"]
+
+
 class Engine:
     """One pod's knobs behind the Actuator protocol (or a pod that cannot be reached)."""
 

@@ -55,6 +55,41 @@ def test_underscore_spelling_reads_the_same() -> None:
     assert underscore.histograms == colon.histograms
 
 
+def test_kserve_prefixed_spellings_read_the_same() -> None:
+    """KServe's PodMonitor stores every name under `kserve_` (colon or underscore spelling behind it),
+    the process start time too (how a restart is told apart)."""
+    colon = recorded("kvtune_preempting_t1.prom", 1.0)
+    for engine in ("vllm:", "vllm_"):
+        prefixed = recorded(
+            "kvtune_preempting_t1.prom",
+            1.0,
+            {
+                "vllm:": f"kserve_{engine}",
+                "kvtune:": "kserve_kvtune:",
+                "process_start": "kserve_process_start",
+            },
+        )
+        assert isinstance(colon, Sample) and isinstance(prefixed, Sample)
+        assert (prefixed.counters, prefixed.gauges, prefixed.histograms) == (
+            colon.counters,
+            colon.gauges,
+            colon.histograms,
+        )
+    started = m.lookup("kserve_process_start_time_seconds")
+    assert started is not None and started[0].name == m.PROCESS_START
+    assert m.colon_spelling("kserve_vllm_num_requests_running") == "vllm:num_requests_running"
+    assert "kserve_vllm:num_requests_running" in m.spellings("vllm:num_requests_running")
+
+
+def test_the_prometheus_query_takes_every_spelling_and_leaves_a_routers_copies_out() -> None:
+    query = PrometheusSource("http://prometheus:9090", 'namespace="inference"').query()
+    assert query.startswith('{__name__=~"(kserve_)?(vllm[:_].+|') and query.endswith(
+        ',server="",namespace="inference"}'
+    )
+    # a selector that names the label itself is taken as it is
+    assert ',server=""' not in PrometheusSource("http://p", '{server=~".+"}').query()
+
+
 def test_legacy_vllm_names() -> None:
     legacy = recorded(
         "kvtune_preempting_t1.prom",

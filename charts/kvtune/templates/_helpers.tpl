@@ -36,6 +36,16 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* Where the examples go: the first watched namespace, so their policies are watched and their pods
+scraped where the operator looks (the release's namespace when cluster-wide, as every namespace is). */}}
+{{- define "kvtune.examplesNamespace" -}}
+{{- if .Values.clusterWide -}}
+{{- .Release.Namespace -}}
+{{- else -}}
+{{- include "kvtune.watchNamespaces" . | trim | splitList "\n" | first -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kvtune.peeringName" -}}
 {{- .Values.peeringName | default (include "kvtune.fullname" .) -}}
 {{- end -}}
@@ -91,17 +101,21 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 
-{{/* The rule groups of files/kvtune-rules.yaml as this release runs them: alerts in monitoring.prometheusRule
-.disabled left out, its additionalRuleLabels added (an alert's own labels win), `for` overridden per alert,
+{{/* The rule groups of files/kvtune-rules.yaml as this release runs them: every raw engine series through
+monitoring.prometheusRule.engineSelector (in place of the file's own, `fileSelector`), alerts in
+monitoring.prometheusRule.disabled left out, its additionalRuleLabels added (an alert's own labels win), `for` overridden per alert,
 each runbook_url on runbookBaseUrl when set, and the doctor command aimed at this release's operator and
 Prometheus. The rules file spells the command for release "kvtune" in namespace "kvtune-system". */}}
 {{- define "kvtune.ruleGroups" -}}
 {{- $values := .root.Values.monitoring.prometheusRule -}}
 {{- $exec := printf "kubectl -n %s exec deploy/%s --" .root.Release.Namespace (include "kvtune.fullname" .root) -}}
+{{- $selector := printf "{%s}" (join ", " $values.engineSelector) -}}
+{{- $fileSelector := .fileSelector -}}
 {{- $groups := list -}}
 {{- range $group := .groups -}}
 {{- $kept := list -}}
 {{- range $rule := $group.rules -}}
+{{- $_ := set $rule "expr" (replace $fileSelector $selector $rule.expr) -}}
 {{- if not (and $rule.alert (has $rule.alert $values.disabled)) -}}
 {{- if $rule.alert -}}
 {{- $_ := set $rule "labels" (merge (deepCopy $rule.labels) $values.additionalRuleLabels) -}}

@@ -8,6 +8,7 @@ out of `read()`, because a missing source must never turn into an action.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,7 +17,14 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtune.contract.metrics import ENGINE_PREFIXES, PROCESS_SERIES
+from kvtune.contract.metrics import (
+    ENGINE_MATCHERS,
+    ENGINE_PREFIXES,
+    PROCESS_SERIES,
+    PROCESS_START,
+    RELABEL_PREFIXES,
+    lookup,
+)
 from kvtune.operator.decide.sample import (
     NoData,
     Sample,
@@ -137,6 +145,12 @@ def range_step(seconds: float) -> float:
 POD_LABEL = "pod"  # the label Prometheus' Kubernetes service discovery gives each pod's series
 
 
+def _engine_series(name: str) -> bool:
+    """A series the name map reads, other than a process's start time."""
+    found = lookup(name)
+    return found is not None and found[0].name != PROCESS_START
+
+
 class PrometheusSource:
     """Queries against a Prometheus HTTP API for every engine series matching the label selector: one
     instant (`read`, every matching series summed or merged as one engine), one instant per pod
@@ -151,9 +165,17 @@ class PrometheusSource:
         self.clock = clock
 
     def query(self) -> str:
+        """Every engine series the selector matches, in any spelling (a relabelling prefix included), less a
+        router's copies of them (ENGINE_MATCHERS), unless the selector speaks of that label itself."""
+        relabelled = "|".join(RELABEL_PREFIXES)
         names = "|".join([*(f"{prefix}[:_].+" for prefix in ENGINE_PREFIXES), *PROCESS_SERIES])
         matchers = selector_matchers(self.selector)
-        return "{" + f'__name__=~"{names}"' + (f",{matchers}" if matchers else "") + "}"
+        own = [m for m in ENGINE_MATCHERS if not re.search(rf"\b{m.split('=')[0]}\s*[=!]", matchers)]
+        return (
+            "{"
+            + ",".join([f'__name__=~"({relabelled})?({names})"', *own, *([matchers] if matchers else [])])
+            + "}"
+        )
 
     @property
     def where(self) -> str:
@@ -246,6 +268,9 @@ class PrometheusSource:
         for name, labels, value in series:
             if labels.get(POD_LABEL):
                 by_pod.setdefault(labels[POD_LABEL], []).append((name, labels, value))
+        # A pod none of whose series the operator reads is no engine: a router's own `vllm_router_*`, or a
+        # process that exports only its start time.
+        by_pod = {pod: found for pod, found in by_pod.items() if any(_engine_series(s[0]) for s in found)}
         if not by_pod:
             return NoData(self.where, f"byPod: no matching series carries a {POD_LABEL!r} label", stamp)
         return {

@@ -1,0 +1,67 @@
+"""PyPI's `vllm-router` (vllm-project/router, the Rust router) from its own venv, in front of engines on
+loopback: the router a layout puts between clients and engines, with its own Prometheus endpoint.
+
+scripts/install_vllm_router.py installs it (`make router-tools`, which `make test` runs); without it a test
+FAILS with that command, never skips.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from kvtune.harness.local_http import free_port
+from tests.observability.live_stack import Process
+
+INSTALLER = Path(__file__).resolve().parents[2] / "scripts" / "install_vllm_router.py"
+
+
+def installer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("install_vllm_router", INSTALLER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def router_python() -> Path:
+    """The router venv's interpreter, or a test failure that says how to install it."""
+    install = installer()
+    if not install.is_installed(install.DEFAULT_VENV):
+        pytest.fail(
+            f"{install.REQUIREMENT} is not installed in {install.DEFAULT_VENV}: run `make router-tools` "
+            f"({sys.executable} scripts/install_vllm_router.py), which `make test` does",
+            pytrace=False,
+        )
+    python: Path = install.python_of(install.DEFAULT_VENV)
+    return python
+
+
+@dataclass(frozen=True)
+class Router:
+    url: str  # where clients send requests
+    metrics_address: str  # host:port of its Prometheus endpoint (/metrics)
+
+
+@contextmanager
+def running_router(workers: Sequence[str], folder: Path) -> Iterator[Router]:
+    """The router with round-robin over `workers` (base URLs), ready to route; stopped on exit."""
+    port, metrics_port = free_port(), free_port()
+    argv = [
+        str(router_python()), "-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+        "--worker-urls", *workers, "--policy", "round_robin",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+    ]  # fmt: skip
+    process = Process("vllm-router", argv, folder / "router.log")
+    try:
+        process.wait_ready(f"http://127.0.0.1:{port}/health")
+        yield Router(f"http://127.0.0.1:{port}", f"127.0.0.1:{metrics_port}")
+    finally:
+        process.stop()
