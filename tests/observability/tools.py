@@ -1,25 +1,54 @@
-"""The Debian binaries the observability tests run (promtool, prometheus, prometheus-alertmanager).
+"""The binaries the observability tests run: promtool from Debian's `prometheus` package (the rules' unit
+tests), and the Prometheus 3 and Alertmanager users run, built from Go modules by
+scripts/local_monitoring.py into its cache.
 
-`make test` installs them when missing (see the Makefile); a test that needs one and does not find it FAILS
-with the reason and the fix, never skips: a rule file nobody checked is exactly what this suite exists to
-prevent.
+`make test` installs and builds them when missing (see the Makefile); a test that needs one and does not
+find it FAILS with the reason and the fix, never skips: a rule file nobody checked is exactly what this
+suite exists to prevent.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-DEBIAN_PACKAGE = {
-    "promtool": "prometheus",
-    "prometheus": "prometheus",
-    "prometheus-alertmanager": "prometheus-alertmanager",
-}
+DEBIAN_PACKAGE = {"promtool": "prometheus"}
+BUILT = ("prometheus", "alertmanager")  # by scripts/local_monitoring.py, at the versions it pins
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local_monitoring.py"
+
+
+def local_monitoring() -> ModuleType:
+    """scripts/local_monitoring.py (which loads scripts/local_cluster.py beside it)."""
+    loaded = sys.modules.get("local_monitoring")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location("local_monitoring", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["local_monitoring"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def require(binary: str) -> str:
-    """The binary's path, or a test failure that says how to install it."""
+    """The binary's path, or a test failure that says how to install or build it."""
+    if binary in BUILT:
+        monitoring = local_monitoring()
+        path = monitoring.monbins_dir() / binary
+        if not os.access(path, os.X_OK) or binary in monitoring.missing(path.parent):
+            pytest.fail(
+                f"`{binary}` ({monitoring.PROMETHEUS_VERSION if binary == 'prometheus' else monitoring.ALERTMANAGER_VERSION}) "
+                f"is not built in {path.parent}: run `make monitoring-tools` (python3 scripts/local_monitoring.py "
+                "build, from the Go module proxy, once per machine), which `make test` does",
+                pytrace=False,
+            )
+        return str(path)
     path = shutil.which(binary)
     if path is None:
         package = DEBIAN_PACKAGE[binary]
