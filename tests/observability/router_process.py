@@ -8,6 +8,7 @@ FAILS with that command, never skips.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -48,6 +49,12 @@ def router_python() -> Path:
 class Router:
     url: str  # where clients send requests
     metrics_address: str  # host:port of its Prometheus endpoint (/metrics)
+    own_series: str  # a matcher only the router's own series meet (the Rust router's names; production-stack's `server`)
+
+
+# A Python that imports production-stack's own router (`vllm_router.app`, from its repository: no registry
+# these machines reach serves it). Set, the router tests run it in place of PyPI's Rust router.
+PRODUCTION_STACK_ROUTER = "KVTUNE_PRODUCTION_STACK_ROUTER"
 
 
 @contextmanager
@@ -59,9 +66,18 @@ def running_router(workers: Sequence[str], folder: Path) -> Iterator[Router]:
         "--worker-urls", *workers, "--policy", "round_robin",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
     ]  # fmt: skip
+    own_series = '__name__=~"vllm_router_.+"'
+    production_stack = os.environ.get(PRODUCTION_STACK_ROUTER)
+    if production_stack:  # its /metrics is on its serving port; its vllm: gauges are per backend
+        metrics_port, own_series = port, 'server!=""'
+        argv = [
+            production_stack, "-m", "vllm_router.app", "--host", "127.0.0.1", "--port", str(port),
+            "--service-discovery", "static", "--static-backends", ",".join(workers),
+            "--static-models", ",".join(["tiny"] * len(workers)), "--routing-logic", "roundrobin",
+        ]  # fmt: skip
     process = Process("vllm-router", argv, folder / "router.log")
     try:
         process.wait_ready(f"http://127.0.0.1:{port}/health")
-        yield Router(f"http://127.0.0.1:{port}", f"127.0.0.1:{metrics_port}")
+        yield Router(f"http://127.0.0.1:{port}", f"127.0.0.1:{metrics_port}", own_series)
     finally:
         process.stop()

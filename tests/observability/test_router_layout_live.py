@@ -179,7 +179,7 @@ def test_the_router_is_never_counted_as_an_engine(
         }
         wait_until(lambda: engines_own(engines) == queued, SETTLE_TIMEOUT_S, f"each engine at {queued}")
         # the router is scraped, with series of its own about the workers, and is there to be left out
-        wait_until(lambda: stack.query(f'{{pod="{ROUTER_POD}", __name__=~"vllm_router_.+"}}'),
+        wait_until(lambda: stack.query(f'{{pod="{ROUTER_POD}", {router.own_series}}}'),
                    SETTLE_TIMEOUT_S, "the router's own series in Prometheus")  # fmt: skip
 
         def agreed() -> tuple[dict[str, tuple[float, float]], tuple[float, float]] | None:
