@@ -130,9 +130,8 @@ class Progress:
 
     def _say(self, text: str) -> None:
         elapsed = time.monotonic() - self.started
-        print(
-            f"[{self.label} {self.step}/{self.total} {elapsed // 60:.0f}m{elapsed % 60:02.0f}s] {text}", flush=True
-        )
+        stamp = f"{self.step}/{self.total} {elapsed // 60:.0f}m{elapsed % 60:02.0f}s"
+        print(f"[{self.label} {stamp}] {text}", flush=True)
 
     def begin(self, what: str) -> None:
         self.end()
@@ -552,7 +551,9 @@ def monitoring_stack() -> ModuleType:
     loaded = sys.modules.get("local_monitoring")
     if loaded is not None:
         return loaded
-    spec = importlib.util.spec_from_file_location("local_monitoring", Path(__file__).with_name("local_monitoring.py"))
+    spec = importlib.util.spec_from_file_location(
+        "local_monitoring", Path(__file__).with_name("local_monitoring.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["local_monitoring"] = module
@@ -660,8 +661,10 @@ def down(folder: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    usage = ("usage: python scripts/local_cluster.py build | up DIR [--monitoring] | down DIR | "
-             "token DIR NAMESPACE/SERVICEACCOUNT")
+    usage = (
+        "usage: python scripts/local_cluster.py build | up DIR [--monitoring] | down DIR | "
+        "token DIR NAMESPACE/SERVICEACCOUNT"
+    )
     command = argv[0] if argv else ""
     try:
         if command == "build" and len(argv) == 1:

@@ -15,12 +15,15 @@ resource through `additionalAlertManagerConfigs` (a loopback address, which no E
 
 Builds: prometheus-operator from its module source with the replaces of its own `pkg/client` and
 `pkg/apis/monitoring` dropped (`go install` refuses a module with replaces; both are published at the same
-version); Prometheus and Alertmanager by `go install`, their versions stamped through ldflags (else
-/api/v1/status/buildinfo reports an empty version). No web UI assets. Standard library, plus local_cluster.py.
+version); Prometheus by `go install` with Kubernetes discovery only; Alertmanager from its module source with
+a page in place of its web UI (the module lacks the built UI its binary embeds). Versions are stamped through
+ldflags (else /api/v1/status/buildinfo reports an empty version). The build needs the standard library and
+local_cluster.py; the reloader reads the operator's YAML with PyYAML.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import importlib.util
 import json
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import ModuleType
@@ -164,7 +168,9 @@ def build_alertmanager(work: Path, out: Path, progress: Any) -> None:
     for ui in ("elm", "mantine"):
         page = source / "ui" / "app" / "dist" / ui / "index.html"
         page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text("<!doctype html><title>Alertmanager</title><p>Built without its web UI: use /api/v2.\n")
+        page.write_text(
+            "<!doctype html><title>Alertmanager</title><p>Built without its web UI: use /api/v2.\n"
+        )
     lc.go(["build", "-trimpath", "-ldflags",
            version_ldflags("github.com/prometheus/common/version", ALERTMANAGER_VERSION.lstrip("v")),
            "-o", str(out / "alertmanager"), "./cmd/alertmanager"], source, {"CGO_ENABLED": "0"})  # fmt: skip
@@ -189,7 +195,11 @@ def build(bins: Path | None = None) -> Path:
           "~5 min on 2 cores", flush=True)  # fmt: skip
     steps = {"prometheus-operator": build_operator, "prometheus": build_prometheus,
              "alertmanager": build_alertmanager}  # fmt: skip
-    todo = [name for name in BINARIES if name in wanted or (name == "prometheus-operator" and CRD_FOLDER in wanted)]
+    todo = [
+        name
+        for name in BINARIES
+        if name in wanted or (name == "prometheus-operator" and CRD_FOLDER in wanted)
+    ]
     progress = lc.Progress(total=len(todo), label="monbins")
     with tempfile.TemporaryDirectory(prefix="monbins-module-") as work_dir:
         work = Path(work_dir)
@@ -292,6 +302,13 @@ def up(folder: Path, server: str, processes: dict[str, Any]) -> dict[str, str]:
     """CRDs, Alertmanager, Prometheus 3, the Prometheus resource, prometheus-operator and the reloader,
     started into `processes` (so `down` stops them with the control plane); their base URLs, also written to
     DIR/monitoring.json. Returns once Prometheus runs the configuration the operator generated."""
+    try:
+        import yaml  # noqa: F401  (the reloader's, checked before anything starts)
+    except ImportError:
+        raise lc.ClusterError(
+            "--monitoring needs PyYAML for its config reloader: run `up` with kvtune's .venv/bin/python, or "
+            "`pip install pyyaml`"
+        ) from None
     bins = build()
     pki, logs = folder / "pki", folder / "logs"
     api = lc.Api(server, pki)
@@ -449,14 +466,10 @@ class Reloader:
 
 
 def _b64(text: str) -> bytes:
-    import base64
-
     return base64.b64decode(text)
 
 
 def _quote(text: str) -> str:
-    import urllib.parse
-
     return urllib.parse.quote(text, safe="")
 
 

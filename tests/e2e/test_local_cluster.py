@@ -1,5 +1,6 @@
 """scripts/local_cluster.py itself: the build recipe's pure parts (the staging replaces and godebug read from
-k8s.io/kubernetes' go.mod, which binaries a cache lacks), and what `up`, `down` and `token` refuse. That
+k8s.io/kubernetes' go.mod, which binaries a cache lacks, the monitoring stack's too), the config reloader's
+rewrite of prometheus-operator's configuration, and what `up`, `down` and `token` refuse. That
 `up` starts a working control plane and `down` leaves no process and no open port is what every other
 e2e test stands on (the `cluster` fixture checks the latter)."""
 
@@ -68,3 +69,40 @@ def test_up_down_and_token_refuse_what_they_cannot_do(cluster: Cluster, tmp_path
     with pytest.raises(lc.ClusterError, match="no token for ServiceAccount default/nobody: HTTP 404"):
         lc.service_account_kubeconfig(cluster.folder, "default", "nobody")
     assert lc.main(["up"]) == 2 and lc.main(["token", str(tmp_path), "no-slash"]) == 2
+
+
+def test_the_reloader_points_the_operators_config_at_this_machine(tmp_path: Path) -> None:
+    """What a Prometheus pod would find under /etc/prometheus is read under the folder, and Kubernetes
+    discovery reaches the control plane through the kubeconfig (a pod would use its ServiceAccount)."""
+    monitoring = local_cluster().monitoring_stack()
+    config = {
+        "rule_files": ["/etc/prometheus/rules/prometheus-x-rulefiles-0/*.yaml"],
+        "scrape_configs": [{
+            "job_name": "podMonitor/ns/m/0",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": ["llm"]},
+                                       "api_server": "https://in-cluster", "tls_config": {"ca_file": "/x"}}],
+            "tls_config": {"ca_file": "/etc/prometheus/certs/secret_ns_ca_ca.crt"},
+            "relabel_configs": [{"regex": "/etc/prometheus-like, not a path", "action": "keep"}],
+        }],
+    }  # fmt: skip
+    kubeconfig = tmp_path / "kubeconfig"
+    (job,) = monitoring.localised(config, tmp_path / "etc", kubeconfig)["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [
+        {"role": "pod", "namespaces": {"names": ["llm"]}, "kubeconfig_file": str(kubeconfig)}
+    ]
+    assert job["tls_config"]["ca_file"] == str(tmp_path / "etc" / "certs" / "secret_ns_ca_ca.crt")
+    assert job["relabel_configs"] == config["scrape_configs"][0]["relabel_configs"]  # type: ignore[index]
+    rules = monitoring.localised(config, tmp_path / "etc", kubeconfig)["rule_files"]
+    assert rules == [str(tmp_path / "etc" / "rules" / "prometheus-x-rulefiles-0" / "*.yaml")]
+
+
+def test_a_monitoring_cache_built_from_other_pins_is_rebuilt_whole(tmp_path: Path) -> None:
+    monitoring = local_cluster().monitoring_stack()
+    assert monitoring.missing(tmp_path) == [*monitoring.BINARIES, monitoring.CRD_FOLDER]
+    (tmp_path / monitoring.STAMP).write_text(json.dumps(monitoring.pins()))
+    for name in monitoring.BINARIES[:2]:
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    assert monitoring.missing(tmp_path) == [monitoring.BINARIES[2], monitoring.CRD_FOLDER]
+    (tmp_path / monitoring.STAMP).write_text(json.dumps({**monitoring.pins(), "prometheus": "v0.315.0"}))
+    assert monitoring.missing(tmp_path) == [*monitoring.BINARIES, monitoring.CRD_FOLDER]
