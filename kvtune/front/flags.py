@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import resource
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ def front_config(app: Any, host: str, port: int, args: argparse.Namespace, **ext
         http=guarded_protocol(args.header_timeout, args.idle_timeout),
         timeout_keep_alive=max(1, math.ceil(args.idle_timeout)),  # ours closes first; uvicorn's as a backstop
         log_level="info",
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
         **extra,
     )
 
@@ -159,6 +162,12 @@ def add_front_arguments(parser: argparse.ArgumentParser) -> None:
         f"or a keep-alive one between requests) before it is closed (default {DEFAULT_IDLE_TIMEOUT_S:g})",
     )
     parser.add_argument(
+        "--ssl-certfile",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (PEM; with --ssl-keyfile), as vLLM's flag of the same name does",
+    )
+    parser.add_argument("--ssl-keyfile", metavar="FILE", help="the private key of --ssl-certfile (PEM)")
+    parser.add_argument(
         "--prefix-report-text",
         action="store_true",
         help="show the prompt text of varying spans in /kvtune/prefix-report (prompt text is user data: "
@@ -174,6 +183,13 @@ def check_front_arguments(args: argparse.Namespace) -> None:
     for flag, value in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout)):
         if not 0 < value < math.inf:
             raise KvtuneError(f"{flag} must be a positive number of seconds, got {value}")
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        raise KvtuneError(
+            "--ssl-certfile and --ssl-keyfile go together: HTTPS needs the certificate and its key"
+        )
+    for flag, path in (("--ssl-certfile", args.ssl_certfile), ("--ssl-keyfile", args.ssl_keyfile)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise KvtuneError(f"{flag} {path}: not a readable file")
     if args.max_request_body_bytes < 1:
         raise KvtuneError(f"--max-request-body-bytes must be positive, got {args.max_request_body_bytes}")
     if args.admin_port is not None:

@@ -27,15 +27,18 @@ def start_engine(
     port: int | None = None,
     host: str = "127.0.0.1",
     boot_timeout: float = 60.0,
+    tls: tuple[Path, Path] | None = None,
 ) -> ServerProcess:
     """`kvtune serve --model DIR` with an admin token, ENGINE_THREADS torch threads and the given flags, on `port`
     (default: a free one; pass the old one to restart an engine where its clients expect it) on `host` (an
-    address of its own: the pods of one Service share a port, each on its own address)."""
+    address of its own: the pods of one Service share a port, each on its own address); over HTTPS with
+    `tls` (certificate, key), as KServe serves vLLM."""
     port = port or free_port()
+    https = ("--ssl-certfile", str(tls[0]), "--ssl-keyfile", str(tls[1])) if tls else ()
     command = cli_argv(
         "serve", "--model", str(model_dir), "--served-model-name", "tiny", "--host", host, "--port", str(port),
-        "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0", *flags,
+        "--threads", str(ENGINE_THREADS), "--admin-token-file", str(token_file), "--log-stats-interval", "0",
+        *https, *flags,
     )  # fmt: skip
-    return ServerProcess(command, port, log, name="the engine", append=True, host=host, poll_s=0.1).ready(
-        boot_timeout
-    )
+    return ServerProcess(command, port, log, name="the engine", append=True, host=host, poll_s=0.1,
+                         scheme="https" if tls else "http").ready(boot_timeout)  # fmt: skip

@@ -44,10 +44,12 @@ class ServerProcess:
     def __init__(
         self, argv: list[str], port: int, log_path: Path, name: str = "kvtune serve", append: bool = False,
         header: bool = True, env: dict[str, str] | None = None, poll_s: float = 0.5, host: str = "127.0.0.1",
+        scheme: str = "http",
     ) -> None:  # fmt: skip
         self.name = name  # what error messages call it (the proxy bench starts kvtune proxy and a relay too)
         self.host = host  # the address it listens on: the pods of one Service share a port, each on its own
         self.port = port
+        self.scheme = scheme  # https for a server started with a certificate
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab" if append else "wb") as log:
@@ -66,7 +68,7 @@ class ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def log_tail(self) -> str:
         return log_tail(self.log_path)
