@@ -31,11 +31,13 @@ import yaml
 
 from kvtune.dashboards.panels import all_panel_queries
 from kvtune.dashboards.report import all_variables
+from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subprocess
 from kvtune.harness.local_http import free_port
 from kvtune.harness.server import ServerProcess
 from tests.e2e.cluster import (
     CHART,
     REGISTRY,
+    REPO,
     Cluster,
     Operator,
     chart_operator,
@@ -321,6 +323,75 @@ def test_every_dashboard_query_returns_data_on_prometheus_3(
             time.sleep(1)
             missing = empty()
     assert not missing, "panel queries without data on Prometheus 3:\n" + "\n".join(missing)
+
+
+KSERVE_RELEASE, KSERVE_SYSTEM, KSERVE_WATCHED = "kvtune-kserve", "kvtune-kserve-system", "kserve-llm"
+KSERVE_ENGINE_INDEX = 9  # its engine's address in the pods' /24
+KSERVE_PORT = 8000  # KServe's vLLM port, unnamed: the PodMonitor selects it by number
+
+
+@pytest.fixture(scope="module")
+def kserve_engine(
+    monitored: Cluster, release: dict[str, Any], pods: PodNetwork, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """KServe's layout: a second release with deploy/layouts/kserve.yaml (its PodMonitor on port 8000 by
+    number, over HTTPS, the certificate unchecked; no second set of rules), and a pod shaped as an
+    LLMInferenceService's workload whose engine serves HTTPS with a self-signed certificate."""
+    folder = tmp_path_factory.mktemp("kserve")
+    key, cert = folder / "tls.key", folder / "tls.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=kserve-workload", "-keyout", str(key), "-out", str(cert)], check=True,
+                   capture_output=True)  # fmt: skip
+    token = folder / "token"
+    token.write_text("kserve-layout-token\n")
+    address = pods.address(KSERVE_ENGINE_INDEX)
+    engine = pods.run(start_engine, write_tiny_model_in_subprocess(folder / "tiny"), token, folder / "engine.log",
+                      port=KSERVE_PORT, host=address, boot_timeout=240, tls=(cert, key))  # fmt: skip
+    try:
+        monitored.namespace(KSERVE_WATCHED)
+        monitored.helm("install", KSERVE_RELEASE, str(CHART), "--namespace", KSERVE_SYSTEM, "--create-namespace",
+                       "-f", str(REPO / "deploy" / "layouts" / "kserve.yaml"),
+                       "--set", f"image.repository={REGISTRY}/kvtune-operator",
+                       "--set-json", f"watchNamespaces={json.dumps([KSERVE_WATCHED])}",
+                       "--set", f"monitoring.podMonitor.interval={SCRAPE}",
+                       "--set", "monitoring.serviceMonitor.enabled=false",
+                       "--set", "monitoring.prometheusRule.enabled=false")  # fmt: skip
+        name = "llama-kserve-workload"
+        monitored.apply({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": KSERVE_WATCHED,
+                         "labels": {"app.kubernetes.io/part-of": "llminferenceservice",
+                                    "app.kubernetes.io/component": "llminferenceservice-workload"}},
+            "spec": {"nodeName": "kwok-node-0", "containers": [{
+                "name": "main", "image": "vllm/vllm-openai:v0.32.0", "ports": [{"containerPort": KSERVE_PORT}]}]},
+        })  # fmt: skip
+        wait_for("kwok to run the KServe workload pod",
+                 lambda: monitored.get("pod", name, KSERVE_WATCHED).get("status", {}).get("phase") == "Running")  # fmt: skip
+        status = {"status": {"podIP": address, "podIPs": [{"ip": address}]}}
+        monitored.kubectl("patch", "pod", name, "-n", KSERVE_WATCHED, "--subresource=status", "--type=merge",
+                          "-p", json.dumps(status))  # fmt: skip
+        yield {"pod": name, "url": engine.url}
+    finally:
+        engine.stop()
+
+
+def test_kserve_s_layout_is_scraped_over_https_by_port_number(
+    monitored: Cluster, kserve_engine: dict[str, str]
+) -> None:
+    """The layout's PodMonitor, through prometheus-operator, scrapes the HTTPS engine by its port number,
+    and the rules count it as an engine like any other."""
+    assert kserve_engine["url"].startswith("https://")
+    job = f"podMonitor/{KSERVE_SYSTEM}/{KSERVE_RELEASE}-engines/0"
+
+    def scraped() -> dict[str, Any] | None:
+        found = [t for t in active_targets(monitored, job) if t["labels"].get("pod") == kserve_engine["pod"]]
+        return found[0] if found and found[0]["health"] == "up" else None
+
+    target = wait_for("the KServe workload's HTTPS target up", scraped, timeout=WAIT_S)
+    assert target["scrapeUrl"].startswith("https://") and f":{KSERVE_PORT}/metrics" in target["scrapeUrl"]
+    wait_for("kvtune_engine:up for the KServe workload", lambda: query(
+        monitored, f'kvtune_engine:up{{namespace="{KSERVE_WATCHED}",pod="{kserve_engine["pod"]}"}}'
+    ), timeout=WAIT_S)  # fmt: skip
 
 
 def test_down_stops_the_monitoring_stack(monitored: Cluster) -> None:
