@@ -6,7 +6,9 @@ and PrometheusRule into Prometheus' configuration; Prometheus 3 scrapes every en
 PodMonitor and the operator through its ServiceMonitor; the rules load; `KVCachePreemptions` fires within
 two evaluation intervals of the first preemption Prometheus saw and reaches Alertmanager with its
 `runbook_url` and `doctor`; `kvtune doctor --prometheus` and a policy reading that Prometheus decide as they
-do from the engine's own /metrics; every query of the three dashboards returns data.
+do from the engine's own /metrics; every query of the three dashboards returns data. KServe's and llm-d's
+layouts (deploy/layouts/), each a release of its own, scrape pods shaped as theirs: over HTTPS by port
+number, and by port name past a routing proxy.
 
 The engine pods are Pod objects kwok runs (no containers), whose `status.podIP` is set, as a kubelet and a
 CNI would, to the address where a real engine listens in the run's pod network (pod_network.py). The
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -325,73 +329,117 @@ def test_every_dashboard_query_returns_data_on_prometheus_3(
     assert not missing, "panel queries without data on Prometheus 3:\n" + "\n".join(missing)
 
 
-KSERVE_RELEASE, KSERVE_SYSTEM, KSERVE_WATCHED = "kvtune-kserve", "kvtune-kserve-system", "kserve-llm"
-KSERVE_ENGINE_INDEX = 9  # its engine's address in the pods' /24
-KSERVE_PORT = 8000  # KServe's vLLM port, unnamed: the PodMonitor selects it by number
+@dataclass(frozen=True)
+class Layout:
+    """A layout's values file installed as a release of its own (its PodMonitor only: no second operator
+    monitor, no second set of rules), watching a namespace with one pod shaped as that layout's engine pod."""
+
+    name: str  # deploy/layouts/<name>.yaml; the release is kvtune-<name>, watching <name>-llm
+    pod: dict[str, Any]  # the pod's metadata.labels and spec.containers
+    port: int  # where the engine listens
+    index: int  # its address in the pods' /24
+    https: bool = False
+
+    @property
+    def release(self) -> str:
+        return f"kvtune-{self.name}"
+
+    @property
+    def watched(self) -> str:
+        return f"{self.name}-llm"
 
 
-@pytest.fixture(scope="module")
-def kserve_engine(
-    monitored: Cluster, release: dict[str, Any], pods: PodNetwork, tmp_path_factory: pytest.TempPathFactory
+KSERVE = Layout(  # an LLMInferenceService's workload: vLLM in `main`, HTTPS on 8000, a port with no name
+    "kserve",
+    {"labels": {"app.kubernetes.io/part-of": "llminferenceservice",
+                "app.kubernetes.io/component": "llminferenceservice-workload"},
+     "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.32.0", "ports": [{"containerPort": 8000}]}]},
+    port=8000, index=9, https=True,
+)  # fmt: skip
+LLM_D = Layout(  # llm-d's decode pod: the routing proxy on 8000, vLLM on 8200 with its port named `metrics`
+    "llm-d",
+    {"labels": {"llm-d.ai/inference-serving": "true", "llm-d.ai/role": "decode"},
+     "containers": [{"name": "routing-proxy", "image": "ghcr.io/llm-d/llm-d-routing-sidecar:v0.2.0",
+                     "ports": [{"containerPort": 8000}]},
+                    {"name": "vllm", "image": "ghcr.io/llm-d/llm-d:v0.2.0",
+                     "ports": [{"name": "metrics", "containerPort": 8200}]}]},
+    port=8200, index=10,
+)  # fmt: skip
+
+
+@contextmanager
+def layout_engine(
+    monitored: Cluster, pods: PodNetwork, layout: Layout, folder: Path
 ) -> Iterator[dict[str, str]]:
-    """KServe's layout: a second release with deploy/layouts/kserve.yaml (its PodMonitor on port 8000 by
-    number, over HTTPS, the certificate unchecked; no second set of rules), and a pod shaped as an
-    LLMInferenceService's workload whose engine serves HTTPS with a self-signed certificate."""
-    folder = tmp_path_factory.mktemp("kserve")
-    key, cert = folder / "tls.key", folder / "tls.crt"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=kserve-workload", "-keyout", str(key), "-out", str(cert)], check=True,
-                   capture_output=True)  # fmt: skip
+    """The layout's release, its pod (Running under kwok, its IP where a real engine listens), and that
+    engine, over HTTPS with a self-signed certificate where the layout scrapes so."""
+    tls = None
+    if layout.https:
+        tls = folder / "tls.crt", folder / "tls.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        f"/CN={layout.name}-engine", "-keyout", str(tls[1]), "-out", str(tls[0])], check=True,
+                       capture_output=True)  # fmt: skip
     token = folder / "token"
-    token.write_text("kserve-layout-token\n")
-    address = pods.address(KSERVE_ENGINE_INDEX)
+    token.write_text(f"{layout.name}-layout-token\n")
+    address = pods.address(layout.index)
     engine = pods.run(start_engine, write_tiny_model_in_subprocess(folder / "tiny"), token, folder / "engine.log",
-                      port=KSERVE_PORT, host=address, boot_timeout=240, tls=(cert, key))  # fmt: skip
+                      port=layout.port, host=address, boot_timeout=240, tls=tls)  # fmt: skip
     try:
-        monitored.namespace(KSERVE_WATCHED)
-        monitored.helm("install", KSERVE_RELEASE, str(CHART), "--namespace", KSERVE_SYSTEM, "--create-namespace",
-                       "-f", str(REPO / "deploy" / "layouts" / "kserve.yaml"),
+        monitored.namespace(layout.watched)
+        monitored.helm("install", layout.release, str(CHART), "--namespace", f"{layout.release}-system",
+                       "--create-namespace", "-f", str(REPO / "deploy" / "layouts" / f"{layout.name}.yaml"),
                        "--set", f"image.repository={REGISTRY}/kvtune-operator",
-                       "--set-json", f"watchNamespaces={json.dumps([KSERVE_WATCHED])}",
+                       "--set-json", f"watchNamespaces={json.dumps([layout.watched])}",
                        "--set", f"monitoring.podMonitor.interval={SCRAPE}",
                        "--set", "monitoring.serviceMonitor.enabled=false",
                        "--set", "monitoring.prometheusRule.enabled=false")  # fmt: skip
-        name = "llama-kserve-workload"
-        monitored.apply({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": KSERVE_WATCHED,
-                         "labels": {"app.kubernetes.io/part-of": "llminferenceservice",
-                                    "app.kubernetes.io/component": "llminferenceservice-workload"}},
-            "spec": {"nodeName": "kwok-node-0", "containers": [{
-                "name": "main", "image": "vllm/vllm-openai:v0.32.0", "ports": [{"containerPort": KSERVE_PORT}]}]},
-        })  # fmt: skip
-        wait_for("kwok to run the KServe workload pod",
-                 lambda: monitored.get("pod", name, KSERVE_WATCHED).get("status", {}).get("phase") == "Running")  # fmt: skip
+        name = f"{layout.name}-engine-0"
+        monitored.apply({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": name, "namespace": layout.watched, "labels": layout.pod["labels"]},
+                         "spec": {"nodeName": "kwok-node-0", "containers": layout.pod["containers"]}})  # fmt: skip
+        wait_for(f"kwok to run {name}",
+                 lambda: monitored.get("pod", name, layout.watched).get("status", {}).get("phase") == "Running")  # fmt: skip
         status = {"status": {"podIP": address, "podIPs": [{"ip": address}]}}
-        monitored.kubectl("patch", "pod", name, "-n", KSERVE_WATCHED, "--subresource=status", "--type=merge",
+        monitored.kubectl("patch", "pod", name, "-n", layout.watched, "--subresource=status", "--type=merge",
                           "-p", json.dumps(status))  # fmt: skip
         yield {"pod": name, "url": engine.url}
     finally:
         engine.stop()
 
 
-def test_kserve_s_layout_is_scraped_over_https_by_port_number(
-    monitored: Cluster, kserve_engine: dict[str, str]
-) -> None:
-    """The layout's PodMonitor, through prometheus-operator, scrapes the HTTPS engine by its port number,
-    and the rules count it as an engine like any other."""
-    assert kserve_engine["url"].startswith("https://")
-    job = f"podMonitor/{KSERVE_SYSTEM}/{KSERVE_RELEASE}-engines/0"
+def scraped_as_an_engine(monitored: Cluster, layout: Layout, pod: str) -> dict[str, Any]:
+    """The layout's PodMonitor target for `pod`, once up; then the rules count the pod as an engine."""
+    job = f"podMonitor/{layout.release}-system/{layout.release}-engines/0"
 
     def scraped() -> dict[str, Any] | None:
-        found = [t for t in active_targets(monitored, job) if t["labels"].get("pod") == kserve_engine["pod"]]
+        found = [t for t in active_targets(monitored, job) if t["labels"].get("pod") == pod]
         return found[0] if found and found[0]["health"] == "up" else None
 
-    target = wait_for("the KServe workload's HTTPS target up", scraped, timeout=WAIT_S)
-    assert target["scrapeUrl"].startswith("https://") and f":{KSERVE_PORT}/metrics" in target["scrapeUrl"]
-    wait_for("kvtune_engine:up for the KServe workload", lambda: query(
-        monitored, f'kvtune_engine:up{{namespace="{KSERVE_WATCHED}",pod="{kserve_engine["pod"]}"}}'
+    target: dict[str, Any] = wait_for(f"{layout.name}'s engine target up", scraped, timeout=WAIT_S)
+    wait_for(f"kvtune_engine:up for {layout.name}'s engine pod", lambda: query(
+        monitored, f'kvtune_engine:up{{namespace="{layout.watched}",pod="{pod}"}}'
     ), timeout=WAIT_S)  # fmt: skip
+    return target
+
+
+def test_kserve_s_layout_is_scraped_over_https_by_port_number(
+    monitored: Cluster, release: dict[str, Any], pods: PodNetwork, tmp_path: Path
+) -> None:
+    with layout_engine(monitored, pods, KSERVE, tmp_path) as engine:
+        assert engine["url"].startswith("https://")
+        target = scraped_as_an_engine(monitored, KSERVE, engine["pod"])
+    assert target["scrapeUrl"].startswith("https://") and f":{KSERVE.port}/metrics" in target["scrapeUrl"]
+
+
+def test_llm_d_s_layout_scrapes_vllm_by_its_port_name_not_the_routing_proxy(
+    monitored: Cluster, release: dict[str, Any], pods: PodNetwork, tmp_path: Path
+) -> None:
+    with layout_engine(monitored, pods, LLM_D, tmp_path) as engine:
+        target = scraped_as_an_engine(monitored, LLM_D, engine["pod"])
+        job = f"podMonitor/{LLM_D.release}-system/{LLM_D.release}-engines/0"
+        targets = [t for t in active_targets(monitored, job) if t["labels"].get("pod") == engine["pod"]]
+    assert target["scrapeUrl"].endswith(f":{LLM_D.port}/metrics"), target["scrapeUrl"]
+    assert len(targets) == 1 and targets[0]["labels"]["container"] == "vllm", targets  # not the proxy's 8000
 
 
 def test_down_stops_the_monitoring_stack(monitored: Cluster) -> None:
