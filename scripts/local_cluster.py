@@ -43,6 +43,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+if __name__ == "__main__":  # so local_monitoring.py, loaded from here, shares this module (and its errors)
+    sys.modules.setdefault("local_cluster", sys.modules[__name__])
+
 KUBERNETES_VERSION = "1.36.3"  # the minor of the kubectl and helm scripts/install_helm.py installs
 KWOK_VERSION = "v0.8.0"
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -37,26 +36,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-
-def _local_cluster() -> ModuleType:
-    """local_cluster.py, the module already loaded under that name (the e2e tests load it so) or beside us."""
-    loaded = sys.modules.get("local_cluster")
-    if loaded is not None:
-        return loaded
-    spec = importlib.util.spec_from_file_location(
-        "local_cluster", Path(__file__).with_name("local_cluster.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["local_cluster"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-lc = _local_cluster()
+if "local_cluster" not in sys.modules:  # run as a script: scripts/ is on sys.path
+    import local_cluster  # noqa: F401
+lc = sys.modules["local_cluster"]  # one module, whoever loaded it first (its ClusterError is the one caught)
 
 OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
 OPERATOR_VERSION = "v0.85.0"  # the newest the module proxy serves as a whole module

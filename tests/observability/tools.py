@@ -9,30 +9,21 @@ suite exists to prevent.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 DEBIAN_PACKAGE = {"promtool": "prometheus"}
 BUILT = ("prometheus", "alertmanager")  # by scripts/local_monitoring.py, at the versions it pins
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local_monitoring.py"
 
 
 def local_monitoring() -> ModuleType:
-    """scripts/local_monitoring.py (which loads scripts/local_cluster.py beside it)."""
-    loaded = sys.modules.get("local_monitoring")
-    if loaded is not None:
-        return loaded
-    spec = importlib.util.spec_from_file_location("local_monitoring", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["local_monitoring"] = module
-    spec.loader.exec_module(module)
+    """scripts/local_monitoring.py, as scripts/local_cluster.py loads it."""
+    from tests.e2e.cluster import local_cluster
+
+    module: ModuleType = local_cluster().monitoring_stack()
     return module
 
 
