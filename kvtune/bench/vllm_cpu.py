@@ -207,6 +207,7 @@ class VllmServerConfig:
     # OpenMP threads bound to cores 0..n-1; None keeps vLLM's `auto`, which on a small machine reserves
     # one core for the API server (on 2 cores: one compute thread).
     cpu_threads: int | None = None
+    first_core: int = 0  # with cpu_threads: bind cores first_core.. (two servers on one machine, apart)
     extra_args: tuple[str, ...] = field(default=())
 
     @property
@@ -224,7 +225,8 @@ class VllmServerConfig:
         if self.cpu_threads is not None:
             if self.cpu_threads < 1:
                 raise KvtuneError(f"cpu_threads must be at least 1, not {self.cpu_threads}")
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{self.cpu_threads - 1}"
+            last = self.first_core + self.cpu_threads - 1
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"{self.first_core}-{last}"
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         return env
 

@@ -12,10 +12,10 @@ from kvtune.harness.server import ServerProcess, cli_argv
 ENGINE_THREADS = 1  # torch threads of each started engine: several engines and a load share a small machine
 
 
-def write_tiny_model_in_subprocess(folder: Path) -> Path:
-    """`kvtune tiny-model FOLDER` as a child process, so the caller never imports torch (the in-process
-    writer is `kvtune.engine.model.tiny_model.write_tiny_model`)."""
-    subprocess.run(cli_argv("tiny-model", str(folder)), check=True, capture_output=True)
+def write_tiny_model_in_subprocess(folder: Path, *flags: str) -> Path:
+    """`kvtune tiny-model FOLDER [FLAGS]` as a child process, so the caller never imports torch (the
+    in-process writer is `kvtune.engine.model.tiny_model.write_tiny_model`)."""
+    subprocess.run(cli_argv("tiny-model", str(folder), *flags), check=True, capture_output=True)
     return folder
 
 

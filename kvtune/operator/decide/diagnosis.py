@@ -14,8 +14,9 @@ from kvtune.operator.decide.continuity import ALTERNATING_HINT, anomalies
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.preemption_detail import (
     PreemptedRequests,
+    PreemptionCauses,
     causes_text,
-    kv_pressure_increase,
+    kv_pressure_of,
     preemption_causes,
     spread_text,
     window_preempted_requests,
@@ -194,11 +195,11 @@ def pooled_p95_concurrency(pool: float, mean: float | None, p95: float | None) -
 def diagnose(window: Window, engine: EngineView) -> Diagnosis:
     if not window.samples:
         return no_data("no sample in the window")
-    preemptions = kv_pressure_increase(window)
+    causes = preemption_causes(window)
+    preemptions = kv_pressure_of(window.increase(m.PREEMPTIONS), causes)
     preemption_rate = (
         preemptions / window.duration if preemptions is not None and window.duration > 0 else None
     )
-    causes = preemption_causes(window)
     generated = window.increase(m.GENERATION_TOKENS)
     prompt = window.increase(m.PROMPT_TOKENS)
     running_max = window.gauge_max(m.RUNNING)
@@ -306,7 +307,7 @@ def _with_findings(d: Diagnosis, window: Window, engine: EngineView) -> Diagnosi
         )
     if d.status == "idle":
         findings.append(Finding("Idle", "info", "no traffic in the window", span))
-    causes = preemption_causes(window)
+    causes = None if d.other_preemptions is None else PreemptionCauses.of(d.preemptions_by_reason)
     detail = "" if causes is None else f"; {causes_text(causes)}"
     if d.preempted_requests is not None:
         detail += f"; {spread_text(d.preempted_requests)}"

@@ -77,6 +77,13 @@ class PreemptionCauses:
     other: float  # preemptions no lack of KV blocks caused: reported, never remedied by fewer residents
     unknown: tuple[str, ...]  # reasons kvtune does not know, counted as KV pressure
 
+    @staticmethod
+    def of(moved: tuple[tuple[str, float], ...]) -> PreemptionCauses:
+        """The causes of (reason, preemptions) pairs that moved: which are not KV pressure, which unknown."""
+        other = sum(count for reason, count in moved if reason in NOT_KV_PRESSURE_REASONS)
+        known = KV_PRESSURE_REASONS | NOT_KV_PRESSURE_REASONS
+        return PreemptionCauses(moved, other, tuple(reason for reason, _ in moved if reason not in known))
+
 
 def preemption_causes(window: Window) -> PreemptionCauses | None:
     """Why the window's preemptions happened; None where the engine gives no reason (every vLLM release
@@ -84,21 +91,20 @@ def preemption_causes(window: Window) -> PreemptionCauses | None:
     grown = window.increases_with_prefix(m.PREEMPTIONS_BY_REASON)
     if not grown:
         return None
-    moved = tuple(sorted((reason, count) for reason, count in grown.items() if count > 0))
-    other = sum(count for reason, count in moved if reason in NOT_KV_PRESSURE_REASONS)
-    known = KV_PRESSURE_REASONS | NOT_KV_PRESSURE_REASONS
-    unknown = tuple(reason for reason, _ in moved if reason not in known)
-    return PreemptionCauses(moved, other, unknown)
+    return PreemptionCauses.of(tuple(sorted((reason, count) for reason, count in grown.items() if count > 0)))
 
 
-def kv_pressure_increase(window: Window) -> float | None:
-    """The window's preemptions for lack of KV blocks, what the ladder remedies: the preemption counter's
-    increase less the causes the engine names as something else (all of it where it names none)."""
-    total = window.increase(m.PREEMPTIONS)
-    causes = preemption_causes(window)
+def kv_pressure_of(total: float | None, causes: PreemptionCauses | None) -> float | None:
+    """Preemptions for lack of KV blocks, what the ladder remedies: the preemption counter's increase less
+    the causes the engine names as something else (all of it where it names none)."""
     if total is None or causes is None or causes.other <= 0:
         return total
     return max(total - causes.other, 0.0)  # the reasons sum to the total counter
+
+
+def kv_pressure_increase(window: Window) -> float | None:
+    """kv_pressure_of the window's preemption counter and causes."""
+    return kv_pressure_of(window.increase(m.PREEMPTIONS), preemption_causes(window))
 
 
 def spread_text(spread: PreemptedRequests) -> str:
