@@ -66,6 +66,7 @@ REQUEST_MAX_TOKENS = "request_max_tokens"
 REQUEST_PREEMPTIONS = "request_preemptions"  # preemptions per finished request (a histogram)
 CACHE_CONFIG = "cache_config"
 PROCESS_START = "process_start_time"
+POOLED_PODS = "pooled_pods"  # kvtune's own: the pods a pooled sample was read from (absent: one engine)
 
 # Gauges that are fractions: a value outside [0, 1] is corrupt, not a figure.
 RATIO_GAUGES = frozenset({KV_USAGE, KV_EFFECTIVE, CACHE_HIT_RATE_GAUGE})

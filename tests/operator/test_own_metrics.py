@@ -70,3 +70,16 @@ def test_forget_drops_only_the_deleted_policys_series() -> None:
     assert series_value(scraped(metrics), "kvtune_operator_info", version=__version__, max_mode="Apply") == 1
     metrics.record("inference", "llama", Evaluation(at=6.0))  # a policy created again starts from zero
     assert series_value(scraped(metrics), "kvtune_operator_errors_total", **POLICY, kind="apply") == 0
+
+
+def test_a_withdrawn_replica_signal_is_absent_never_zero() -> None:
+    metrics = OperatorMetrics()
+    metrics.record("inference", "llama", Evaluation(at=1.0, desired_replicas=3, demand_capacity_ratio=2.4))
+    series = scraped(metrics)
+    assert series_value(series, "kvtune_operator_desired_replicas", **POLICY) == 3
+    assert series_value(series, "kvtune_operator_demand_capacity_ratio", **POLICY) == 2.4
+    # two autoscalers on the workload: the series goes, so KEDA's trigger errors and the HPA holds
+    metrics.record("inference", "llama", Evaluation(at=2.0))
+    series = scraped(metrics)
+    assert series_value(series, "kvtune_operator_desired_replicas", **POLICY) is None
+    assert series_value(series, "kvtune_operator_demand_capacity_ratio", **POLICY) is None

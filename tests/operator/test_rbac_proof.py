@@ -176,6 +176,13 @@ def set_up(
     cluster: OptimisticEmulator, pods: Workload, engines: Callable[[str | None], str], clusterwide: bool
 ) -> Scenario:
     cluster.resources["apps/v1/statefulsets"] = kmock.ResourceInfo(kind="StatefulSet", namespaced=True)
+    # the autoscalers a policy with spec.scaling looks for (none here: the signal is exported, not withdrawn)
+    cluster.resources["autoscaling/v2/horizontalpodautoscalers"] = kmock.ResourceInfo(
+        kind="HorizontalPodAutoscaler", namespaced=True
+    )
+    cluster.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
+        kind="ScaledObject", namespaced=True
+    )
     add_peering(cluster, clusterwide)
     # a kvtune engine of two pods behind a Service: EndpointSlices, the admin token Secret, every pod's admin API
     pods.start("llama-a", "127.0.0.2", [46, 95])
@@ -186,7 +193,12 @@ def set_up(
     add_workload(
         cluster, "Deployment", "llama-vllm", OLD_VLLM_IMAGE, ["--model", "/models/llama", "--max-num-seqs=64"]
     )
-    add_policy(cluster, "vllm", vllm_policy("Deployment", "llama-vllm", engines(None)))
+    # with the replica signal on: the operator lists the namespace's autoscalers each tick
+    scaled = {
+        **vllm_policy("Deployment", "llama-vllm", engines(None)),
+        "scaling": {"minReplicas": 1, "maxReplicas": 4},
+    }
+    add_policy(cluster, "vllm", scaled)
     # vLLM 0.32 (by its /version; the image has no tag): the StatefulSet's --max-num-active-seqs
     add_workload(cluster, "StatefulSet", "llama-sts", "vllm/vllm-openai",
                  ["--model", "/models/llama", "--max-num-seqs", str(STS_MAX_NUM_SEQS)])  # fmt: skip

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from kvtune.operator.decide import scaling
 from kvtune.operator.decide.continuity import ALTERNATING, ALTERNATING_HINT, RESTART, Continuity, judge
 from kvtune.operator.decide.diagnosis import diagnose
 from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
@@ -198,6 +199,12 @@ def step(
         else:
             logger.error("could not apply %s=%s: %s", change.knob, change.value, outcome.error)
             new_state = state
+    if holding is None:
+        tuned = window.since(new_state.last_action_at)
+        scaled = scaling.evaluate(
+            tuned, engine, policy, new_state.pending is not None, new_state.scaling, now
+        )
+        new_state = replace(new_state, scaling=scaled)
     since = window.samples[0].timestamp if window.samples else now
     shown = samples[-1] if samples else result
     after = live_view(shown, actuator.knobs, after_calls(current, (outcome for _, outcome in applied)))

@@ -15,6 +15,25 @@ class Mode(Enum):
 
 
 @dataclass(frozen=True)
+class ScalingPolicy:
+    """The replica signal's bounds: the autoscaler is told a count within them (it sets spec.replicas,
+    never the operator), and NoPreemption's pick is called costly beyond `goodput_loss_warning`."""
+
+    min_replicas: int = 1
+    max_replicas: int = 16
+    goodput_loss_warning: float = 0.25  # a NoPreemption pick losing more goodput than this share is said
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError("need 1 <= min_replicas <= max_replicas")
+        if not 0 < self.goodput_loss_warning < 1:
+            raise ValueError("goodput_loss_warning is a share of goodput, in (0, 1)")
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+
+@dataclass(frozen=True)
 class TuningPolicy:
     mode: Mode = Mode.RECOMMEND
     min_max_num_seqs: int = 1
@@ -40,6 +59,7 @@ class TuningPolicy:
     # NoPreemption's pick keeps its predicted run within 1 - this of the pool, at least (more when the fit
     # is uncertain: kvtune.core.predict.Objective.for_fit)
     risk_margin: float = DEFAULT_RISK_MARGIN
+    scaling: ScalingPolicy | None = None  # None: no replica signal (it costs a what-if search per window)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_max_num_seqs <= self.max_max_num_seqs:

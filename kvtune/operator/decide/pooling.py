@@ -254,7 +254,8 @@ def pool(
     config, disagreements = pool_cache_config(readings)
     corrupt = tuple(sorted({(f"{pod}: {series}", problem) for pod, s in readings.items()
                             for series, problem in s.corrupt}))  # fmt: skip
-    sample = Sample(now, pool_gauges(readings), counters, histograms, config, source, corrupt)
+    gauges = {**pool_gauges(readings), m.POOLED_PODS: float(len(readings))}
+    sample = Sample(now, gauges, counters, histograms, config, source, corrupt)
     new_state = PoolState(now, pods, counters, histograms)
     return Pooled(sample, new_state, (*disagreements, *findings), tuple(restarted), tuple(new), gone)
 

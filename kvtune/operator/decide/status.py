@@ -28,6 +28,7 @@ ConditionType = Literal[
     "ModeCapped",
     "RolloutStalled",
     "ChangeReverted",
+    "AutoscalerConflict",
 ]
 # What the diagnosis says (Unknown without data), on every policy. ModeCapped is the operator's own: the
 # policy runs below its spec.mode (the operator's maxMode, or an undo's hold).

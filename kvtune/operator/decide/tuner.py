@@ -40,6 +40,7 @@ from kvtune.operator.decide.ladder import (
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.prediction import PredictionState, fit_limits, objective_of
 from kvtune.operator.decide.preemption_detail import kv_pressure_increase
+from kvtune.operator.decide.scaling import ScalingState
 from kvtune.operator.decide.window import Window
 
 HISTORY_LIMIT = 32
@@ -103,6 +104,8 @@ class TunerState:
     # which process the samples come from (`continuity`): not kept in status, the next samples rebuild it
     source: Continuity = field(default_factory=Continuity)
     prediction: PredictionState = field(default_factory=PredictionState)
+    # the replica signal (`scaling`): not kept in status, the next evaluation window recomputes it
+    scaling: ScalingState = field(default_factory=ScalingState)
 
     def record(self, entry: HistoryEntry) -> TunerState:
         return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])

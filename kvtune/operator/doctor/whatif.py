@@ -8,13 +8,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from kvtune.contract import metrics as m
 from kvtune.core.objectives import goodput, no_preemption
 from kvtune.core.predict import GOODPUT, Forecast, Objective, plan, table_lines
+from kvtune.core.replicas import fleet_demand, no_preemption_cost, replicas_needed
 from kvtune.core.whatif import Prediction
-from kvtune.core.workload_fit import Insufficient
+from kvtune.core.workload_fit import FittedWorkload, Insufficient
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.fit_window import fit_from_window
+from kvtune.operator.decide.policy import ScalingPolicy
 from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.scaling import replicas_in
 from kvtune.operator.decide.window import Window
 
 
@@ -35,11 +39,13 @@ def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Ob
     """The what-if data for the report: the fit in one line, the rows, the picks, or why there is none."""
     if engine.max_num_seqs is None:
         return {"insufficient": "the engine's max_num_seqs is unknown (pass --max-num-seqs)"}
-    fit = fit_from_window(Window.of(samples), engine)
+    window = Window.of(samples)
+    fit = fit_from_window(window, engine)
     if isinstance(fit, Insufficient):
         return {"insufficient": str(fit)}
     current = engine.max_num_seqs
     result = plan(fit, current, objective)
+    replicas = replicas_section(fit, window, objective)
     objective = result.objective  # with the margin that covers this fit's error, as the tuner uses it
     rows = list(result.table)
     if all(p.candidate.max_num_seqs != current for p in rows):
@@ -71,6 +77,28 @@ def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Ob
         "no_preemption_pick": safe.max_num_seqs,
         "goodput_pick": best.max_num_seqs,
         "table": table_lines(rows, current, marks),
+        "replicas": replicas,
+    }
+
+
+def replicas_section(fit: FittedWorkload, window: Window, objective: Objective) -> dict[str, Any]:
+    """The replicas this load needs at the objective (`kvtune.core.replicas`), and what NoPreemption's pick
+    costs in goodput when that is more than the operator's default warning share."""
+    now = replicas_in(window)
+    demand = fleet_demand(fit, now, window.gauge_mean(m.RUNNING) or 0.0)
+    planned = replicas_needed(fit, demand, objective)
+    cost = no_preemption_cost(fit, demand, objective, 1, 1 << 20, now, fit.observed.goodput,
+                              objective.p95_wait_bound_s)  # fmt: skip
+    costly = cost is not None and cost.loss > ScalingPolicy.goodput_loss_warning
+    return {
+        "replicas_now": now,
+        "demand": demand.describe(),
+        "replicas_needed": planned.replicas,
+        "demand_capacity_ratio": planned.ratio,
+        "max_num_seqs_per_replica": planned.max_num_seqs,
+        "text": planned.describe(),
+        "no_preemption_goodput_loss": cost.loss if cost is not None else None,
+        "no_preemption_cost": cost.describe() if cost is not None and costly else None,
     }
 
 
@@ -94,4 +122,9 @@ def what_if_text(section: dict[str, Any] | None) -> list[str]:
         lines.append(f"  recommendation: max_num_seqs {section['recommended']}: {section['reason']}")
     else:
         lines.append(f"  no recommendation: {section['reason']}")
+    replicas = section.get("replicas")
+    if replicas:
+        lines.append(f"  replicas needed at this load: {replicas['text']} (now {replicas['replicas_now']})")
+        if replicas["no_preemption_cost"]:
+            lines.append(f"  NoPreemption costs goodput: {replicas['no_preemption_cost']}")
     return lines

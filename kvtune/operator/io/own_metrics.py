@@ -86,6 +86,10 @@ class Evaluation:
     observed_preemptions_per_min: float | None = None
     prediction_misses: int | None = None
     objective: str | None = None
+    # issue 36: the replicas the demand needs and demand ÷ one replica's capacity (None: no signal, or
+    # withdrawn: two autoscalers on the workload)
+    desired_replicas: int | None = None
+    demand_capacity_ratio: float | None = None
 
 
 def actions_of(previous: TunerState, tick: Tick) -> tuple[tuple[str, str], ...]:
@@ -195,6 +199,11 @@ class OperatorMetrics:
                             "(two: measured stepping)", ["namespace", "policy"], registry=r)  # fmt: skip
         self.objective = Gauge("kvtune_operator_objective", "The objective in force (1 on its label; absent "
                                "with prediction off)", ["namespace", "policy", "objective"], registry=r)  # fmt: skip
+        self.desired_replicas = Gauge("kvtune_operator_desired_replicas", "Replicas the observed demand needs "
+                                      "at the policy's objective (for KEDA or an HPA; absent: no signal)",
+                                      ["namespace", "policy"], registry=r)  # fmt: skip
+        self.load_ratio = Gauge("kvtune_operator_demand_capacity_ratio", "The workload's demand ÷ the most one "
+                                "replica holds at the policy's objective", ["namespace", "policy"], registry=r)  # fmt: skip
         self.corrupt = Gauge("kvtune_operator_corrupt_series", "1 for each engine series the last evaluation "
                              "dropped as impossible (NaN, infinite, a negative counter, ...): never used as a "
                              "figure", ["namespace", "policy", "series"], registry=r)  # fmt: skip
@@ -257,6 +266,12 @@ class OperatorMetrics:
             self._set(self.preemptions, (namespace, policy, "predicted"), predicted)
             self._set(self.preemptions, (namespace, policy, "observed"), observed)
             self._set(self.misses, (namespace, policy), evaluation.prediction_misses)
+            for gauge, value in ((self.desired_replicas, evaluation.desired_replicas),
+                                 (self.load_ratio, evaluation.demand_capacity_ratio)):  # fmt: skip
+                if value is None:
+                    self._remove(gauge, (namespace, policy))  # withdrawn: the autoscaler holds, never reads 0
+                else:
+                    gauge.labels(namespace, policy).set(value)
             for name in OBJECTIVES:
                 self._set(
                     self.objective, (namespace, policy, name), 1.0 if evaluation.objective == name else None
@@ -283,6 +298,7 @@ class OperatorMetrics:
             *[(self.errors, (kind,)) for kind in ERROR_KINDS],
             *[(self.preemptions, (kind,)) for kind in ("predicted", "observed")], (self.misses, ()),
             *[(self.objective, (name,)) for name in OBJECTIVES],
+            (self.desired_replicas, ()), (self.load_ratio, ()),
         ]  # fmt: skip
         with self._lock:
             corrupt = self._corrupt_seen.pop((namespace, policy), ())

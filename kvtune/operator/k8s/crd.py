@@ -16,7 +16,7 @@ from kvtune.core.objectives import default_round_to
 from kvtune.core.predict import Forecast
 from kvtune.operator.decide.admission_flag import AdmissionFlagChoice
 from kvtune.operator.decide.ladder import Remedy
-from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.policy import Mode, ScalingPolicy, TuningPolicy
 from kvtune.operator.decide.prediction import PredictionState
 from kvtune.operator.decide.status import ConditionState, ConditionStatus, ConditionType
 from kvtune.operator.decide.tuner import HISTORY_LIMIT, HistoryEntry, JudgedFigures, Pending, TunerState
@@ -263,6 +263,29 @@ class Bounds(CamelModel):
         return self
 
 
+class ScalingSpec(CamelModel):
+    """The replica signal for the cluster's autoscaler (KEDA or an HPA on an external metric): the operator
+    exports the replicas the observed demand needs; it never sets them."""
+
+    min_replicas: int = Field(ScalingPolicy.min_replicas, ge=1)
+    max_replicas: int = Field(ScalingPolicy.max_replicas, ge=1)
+    goodput_loss_warning: float = Field(
+        ScalingPolicy.goodput_loss_warning,
+        ge=0.01,
+        le=0.99,
+        description="say so (status, Event) when NoPreemption's pick loses more than this share of goodput",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas > maxReplicas")
+        return self
+
+    def to_policy(self) -> ScalingPolicy:
+        return ScalingPolicy(self.min_replicas, self.max_replicas, self.goodput_loss_warning)
+
+
 class KVTuningPolicySpec(CamelModel):
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -317,6 +340,11 @@ class KVTuningPolicySpec(CamelModel):
         description="max_num_seqs moves in multiples of this. Unset: 8 for vllm (its CUDA graphs are captured "
         "for batch sizes in multiples of 8; vLLM #57355), 1 elsewhere; set 1 for vLLM's CPU build",
     )
+    scaling: ScalingSpec | None = Field(
+        None,
+        description="export the replicas the demand needs (kvtune_operator_desired_replicas) for KEDA or an HPA; "
+        "omit: no replica signal",
+    )
 
     @model_validator(mode="after")
     def _goodput_needs_a_bound(self) -> KVTuningPolicySpec:
@@ -360,6 +388,7 @@ class KVTuningPolicySpec(CamelModel):
             objective=self.objective,
             p95_wait_bound_s=self.p95_queue_wait_bound_seconds,
             round_to=self.resolved_round_to(),
+            scaling=self.scaling.to_policy() if self.scaling is not None else None,
         )
 
 
@@ -636,6 +665,26 @@ class WorkloadWatch(CamelModel):
     )
 
 
+class ScalingStatus(CamelModel):
+    """The replica signal at the last evaluation window, and what it rests on."""
+
+    desired_replicas: int | None = Field(None, description="None: no count can be said; the autoscaler holds")
+    replicas: int = Field(description="pods the evaluation's samples came from")
+    demand: str = Field("", description="the workload's whole arrival: clients, or requests per second")
+    demand_capacity_ratio: float | None = Field(None, description="demand ÷ the most one replica holds")
+    max_num_seqs_per_replica: int | None = Field(None, description="the per-replica setting at that count")
+    reason: str = ""
+    held: str | None = Field(None, description="why the signal did not move")
+    no_preemption_cost: str | None = Field(
+        None, description="NoPreemption's pick loses more goodput than goodputLossWarning: the alternatives"
+    )
+    goodput_loss: float | None = None
+    autoscalers: list[str] = Field(
+        default_factory=list, description="the autoscalers that drive the workload"
+    )
+    evaluated_at: datetime | None = None
+
+
 class KVTuningPolicyStatus(CamelModel):
     model_config = ConfigDict(extra="ignore")  # tolerate fields other writers add
 
@@ -666,6 +715,7 @@ class KVTuningPolicyStatus(CamelModel):
         None, description="vllm / sglang: the rollout awaited and the reverts seen of the operator's patches"
     )
     prediction: PredictionStatus | None = None
+    scaling: ScalingStatus | None = None
 
 
 class KVTuningPolicy(CamelModel):

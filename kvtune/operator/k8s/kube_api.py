@@ -225,6 +225,34 @@ class KubeApi:
         )
         return [item for item in data.get("items") or [] if isinstance(item, dict)]
 
+    def list_autoscalers(self, namespace: str) -> tuple[list[Json], list[Json]]:
+        """The namespace's HorizontalPodAutoscalers (autoscaling/v2) and KEDA ScaledObjects (keda.sh/v1alpha1;
+        none where KEDA's CRD is not installed)."""
+        hpas = self._object(
+            f"LIST HorizontalPodAutoscalers {namespace}",
+            lambda c, t: client.AutoscalingV2Api(c).list_namespaced_horizontal_pod_autoscaler(
+                namespace, _preload_content=False, _request_timeout=t
+            ),
+        )
+        try:
+            scaled = self._object(
+                f"LIST ScaledObjects {namespace}",
+                lambda c, t: client.CustomObjectsApi(c).list_namespaced_custom_object(
+                    "keda.sh",
+                    "v1alpha1",
+                    namespace,
+                    "scaledobjects",
+                    _preload_content=False,
+                    _request_timeout=t,
+                ),
+            )
+        except KubeError as err:
+            if err.status != 404:
+                raise
+            scaled = {}
+        items = [item for item in hpas.get("items") or [] if isinstance(item, dict)]
+        return items, [item for item in scaled.get("items") or [] if isinstance(item, dict)]
+
     def create_event(self, namespace: str, body: Json) -> Json:
         """POST one core/v1 Event."""
         event = client.CoreV1Event.from_dict(body)

@@ -52,6 +52,7 @@ from kvtune.operator.k8s.crd import (
     OriginalValues,
     PodStatus,
     PredictionStatus,
+    ScalingStatus,
     UndoStatus,
     WorkloadWatch,
     state_from_status,
@@ -60,6 +61,7 @@ from kvtune.operator.k8s.crd import (
 from kvtune.operator.k8s.events import EventSpec, PolicyRef, post_event
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 from kvtune.operator.k8s.pods import PooledSource
+from kvtune.operator.k8s.replica_signal import replica_signal
 from kvtune.operator.k8s.secret_cache import SecretCache
 from kvtune.operator.k8s.wiring import actuator_for, advisory, args_actuator_of, source_for
 from kvtune.operator.k8s.workload import is_workload, pod_statuses, workload_pods, workload_source
@@ -103,6 +105,8 @@ class PolicyMemory:
     current: Knobs | None = None  # the knobs the engine held at the last evaluation that read them
     alternating: bool = False  # the source answered from more than one process, recently enough to hold
     corrupt: tuple[tuple[str, str], ...] = ()  # the series dropped as impossible at the last evaluation
+    scaling: ScalingStatus | None = None  # the replica signal as last written
+    exported: tuple[int | None, float | None] = (None, None)  # desired replicas and load ratio last exported
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -296,10 +300,11 @@ def waiting(
     states = condition_states(conditions)
     evaluation = evaluation_of(memory.state, tick, states, recommended_knobs(memory.recommended))
     # no new figures while waiting, but the conditions still stand: their series stay on the dashboards
-    evaluation = replace(evaluation, conditions=states)
+    desired, ratio = memory.exported  # the replica signal holds through a rollout of the operator's
+    evaluation = replace(evaluation, conditions=states, desired_replicas=desired, demand_capacity_ratio=ratio)
     pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
     status = policy_status(memory, memory.state, generation, now, note, conditions, memory.current, pods_status,
-                           worst_pod, flag, mode, memory.watch)  # fmt: skip
+                           worst_pod, flag, mode, memory.watch, scaling=memory.scaling)  # fmt: skip
     return Outcome(tick, status, tuple(events), evaluation)
 
 
@@ -307,7 +312,7 @@ def policy_status(
     memory: PolicyMemory, state: TunerState, generation: int | None, now: float, note: str,
     conditions: list[ConditionState], current: Knobs | None, pods: list[PodStatus],
     worst_pod: PodEvidence | None, flag: str | None, mode: Mode, workload: WorkloadWatch | None,
-    prediction: PredictionStatus | None = None,
+    prediction: PredictionStatus | None = None, scaling: ScalingStatus | None = None,
 ) -> KVTuningPolicyStatus:  # fmt: skip
     """The status both outcomes write (waiting for a rollout, or evaluated): one place maps the policy's
     memory and the tuner's state onto the CRD's fields."""
@@ -330,6 +335,7 @@ def policy_status(
         undo=memory.undo,
         workload=workload,
         prediction=prediction,
+        scaling=scaling,
     )
 
 
@@ -468,7 +474,12 @@ def evaluate(
     recorded = record_tick(memory.conditions, memory.recommended, tick, now)
     current = recorded.current
     memory.recommended = recorded.recommended
-    conditions = [*recorded.conditions, capped, *watching]
+    replicas = replica_signal(api, policy_ref.namespace, spec, tick.state.scaling.signal, memory.scaling,
+                              memory.conditions, now)  # fmt: skip
+    events += replicas.events
+    memory.scaling, memory.exported = replicas.status, (replicas.desired, replicas.ratio)
+    signal_condition = [replicas.condition] if replicas.condition is not None else []
+    conditions = [*recorded.conditions, capped, *watching, *signal_condition]
     memory.conditions = {c.type: c for c in conditions}
     if current is not None:
         memory.current = current
@@ -476,6 +487,7 @@ def evaluate(
     evaluation = evaluation_of(previous, tick, condition_states(conditions),
                                recommended_knobs(memory.recommended), errors,
                                policy.objective if policy.predict else None)  # fmt: skip
+    evaluation = replace(evaluation, desired_replicas=replicas.desired, demand_capacity_ratio=replicas.ratio)
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
     if corrupt:
         note = f"{note}; corrupt metrics, dropped: {corrupt_text(corrupt)}"
@@ -483,7 +495,7 @@ def evaluate(
         note = f"{note}; {worst}"
     status = policy_status(memory, tick.state, generation, now, note, conditions, current, pods_status, worst_pod,
                            flag, decision.mode, memory.watch if args is not None else None,
-                           prediction_status(policy, tick))  # fmt: skip
+                           prediction_status(policy, tick), replicas.status)  # fmt: skip
     return Outcome(tick, status, tuple(events), evaluation)
 
 
