@@ -137,8 +137,9 @@ def test_namespaced_rbac_is_one_role_per_watched_namespace(tmp_path: Path) -> No
         assert binding["roleRef"]["name"] == roles[namespace]["metadata"]["name"]
     rules = rules_by_resource(roles["team-a"])
     assert sorted(rules) == [
-        "/events", "/secrets", "apps/deployments", "apps/statefulsets", "discovery.k8s.io/endpointslices",
-        "kopf.dev/kopfpeerings", "kvtune.dev/kvtuningpolicies", "kvtune.dev/kvtuningpolicies/status",
+        "/events", "/secrets", "apps/deployments", "apps/statefulsets", "autoscaling/horizontalpodautoscalers",
+        "discovery.k8s.io/endpointslices", "keda.sh/scaledobjects", "kopf.dev/kopfpeerings",
+        "kvtune.dev/kvtuningpolicies", "kvtune.dev/kvtuningpolicies/status",
     ]  # fmt: skip
     assert rules["/secrets"]["resourceNames"] == ["llama-admin"] and rules["/secrets"]["verbs"] == ["get"]
     assert rules["kvtune.dev/kvtuningpolicies/status"]["verbs"] == ["patch"]

@@ -143,3 +143,17 @@ Prometheus. The rules file spells the command for release "kvtune" in namespace 
 {{- end -}}
 {{- toYaml $groups -}}
 {{- end -}}
+
+{{/* The autoscalers' scaleDown: a lower count must hold for the stabilization window, then pods go a few per
+period rather than every spare one at once, each draining its requests (vLLM's --shutdown-timeout, within
+the Deployment's terminationGracePeriodSeconds). */}}
+{{- define "kvtune.scaleDownBehavior" -}}
+{{- with .Values.autoscaling.scaleDown -}}
+scaleDown:
+  stabilizationWindowSeconds: {{ .stabilizationWindowSeconds }}
+  policies:
+  - type: Pods
+    value: {{ .podsPerPeriod }}
+    periodSeconds: {{ .periodSeconds }}
+{{- end -}}
+{{- end -}}
