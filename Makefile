@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/kernels/csrc/model_ops_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
 .PHONY: demo test lint typecheck unit clean tools observability-tools helm-tools helm4-tools vllm-harness k8s-tools \
-	monitoring-tools router-tools
+	monitoring-tools keda-tools router-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,13 @@ k8s-tools:
 monitoring-tools:
 	$(PYTHON) scripts/local_monitoring.py build
 
+# KEDA for the autoscaling e2e test (tests/e2e/test_keda.py): its operator and metrics API server, from
+# github.com/kedacore/keda/v2 v2.20.2 with only the scalers kvtune uses registered (scripts/local_keda.py), built
+# by `go` from the Go module proxy into ~/.cache/kvtune/kedabins/v2.20.2 ($KVTUNE_KEDA_BINS_DIR overrides) the
+# first time, a no-op after.
+keda-tools:
+	$(PYTHON) scripts/local_keda.py build
+
 # PyPI's vllm-router (vllm-project/router, a Rust router in front of vLLM engines) in .venv-router, for the
 # router layout test (tests/observability/test_router_layout_live.py). A no-op once installed.
 router-tools:
@@ -86,7 +93,7 @@ router-tools:
 
 # Everything the tests run, installed or built side by side: the Go builds keep the cores busy while pip
 # and npm mostly wait on downloads (on a fresh machine, about ten minutes less than one after another).
-TOOLS := observability-tools helm-tools helm4-tools vllm-harness k8s-tools monitoring-tools router-tools
+TOOLS := observability-tools helm-tools helm4-tools vllm-harness k8s-tools monitoring-tools keda-tools router-tools
 tools: $(STAMP)
 	$(MAKE) --no-print-directory -j$(words $(TOOLS)) $(TOOLS)
 

@@ -1,12 +1,14 @@
 """A real Kubernetes control plane on loopback, for trying the chart and for the e2e tests.
 
     python scripts/local_cluster.py build        build the pinned binaries when missing (minutes, once)
-    python scripts/local_cluster.py up DIR [--monitoring]
+    python scripts/local_cluster.py up DIR [--monitoring] [--keda]
                                                  start etcd, kube-apiserver, kube-controller-manager,
                                                  kube-scheduler and kwok; print DIR/kubeconfig. With
                                                  --monitoring also prometheus-operator, Prometheus 3 and
                                                  Alertmanager (scripts/local_monitoring.py), their URLs
-                                                 in DIR/monitoring.json
+                                                 in DIR/monitoring.json; with --keda KEDA's operator and
+                                                 metrics API server (scripts/local_keda.py), theirs in
+                                                 DIR/keda.json
     python scripts/local_cluster.py token DIR NS/SA
                                                  a kubeconfig for ServiceAccount SA of namespace NS (a
                                                  TokenRequest token); print its path
@@ -17,7 +19,11 @@ cache outside the clone: $KVTUNE_KBINS_DIR, else ~/.cache/kvtune/kbins/<kubernet
 cannot be built as a plain dependency (its go.mod maps every staging module to `v0.0.0` through local
 replaces), so a throw-away wrapper module replaces each of those with its published tag; etcd is the version
 k8s.io/kubernetes itself requires; kwok (sigs.k8s.io/kwok) stands in for the kubelet, so pods become Running
-and Ready and Deployment rollouts complete. Standard library only; certificates come from `openssl`.
+and Ready and Deployment rollouts complete. The API server runs the aggregation layer (front-proxy
+certificates; --enable-aggregator-routing, as no kube-proxy makes a Service's ClusterIP reachable) so an
+APIService such as KEDA's external metrics works, and the controller manager the HPA controller, syncing every
+5 s (the default is 15 s) so a test sees an HPA act within seconds. Standard library only; certificates come
+from `openssl`.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-if __name__ == "__main__":  # so local_monitoring.py, loaded from here, shares this module (and its errors)
+if __name__ == "__main__":  # so local_monitoring.py and local_keda.py, loaded from here, share this module
     sys.modules.setdefault("local_cluster", sys.modules[__name__])
 
 KUBERNETES_VERSION = "1.36.3"  # the minor of the kubectl and helm scripts/install_helm.py installs
@@ -310,7 +316,10 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
+    "horizontal-pod-autoscaler-controller",
 )
+HPA_SYNC_PERIOD = "5s"
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the aggregator's client certificate, the one name allowed
 _children: dict[int, subprocess.Popen[bytes]] = {}  # started by this process: reaped by `down`
 
 
@@ -367,6 +376,23 @@ def certificates(pki: Path) -> None:
                 "-CAcreateserial", "-days", "30", "-extfile", str(extensions), "-out", str(crt))  # fmt: skip
     openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    front_proxy_certificates(pki)
+
+
+def front_proxy_certificates(pki: Path) -> None:
+    """The aggregation layer's: a CA of its own (an aggregated API server trusts the identity headers of
+    whoever presents a certificate it signed, so no other client certificate may come from it) and the
+    certificate the API server presents when it proxies to an APIService's server."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=kvtune-front-proxy-ca",
+            "-keyout", str(pki / "front-proxy-ca.key"), "-out", str(pki / "front-proxy-ca.crt"))  # fmt: skip
+    key, csr, crt = (pki / f"{FRONT_PROXY_CLIENT}.{ext}" for ext in ("key", "csr", "crt"))
+    openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={FRONT_PROXY_CLIENT}",
+            "-keyout", str(key), "-out", str(csr))  # fmt: skip
+    extensions = pki / f"{FRONT_PROXY_CLIENT}.ext"
+    extensions.write_text("extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n")
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "front-proxy-ca.crt"),
+            "-CAkey", str(pki / "front-proxy-ca.key"), "-CAcreateserial", "-days", "30",
+            "-extfile", str(extensions), "-out", str(crt))  # fmt: skip
 
 
 def kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
@@ -387,10 +413,13 @@ def kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
     path.chmod(0o600)
 
 
-def start(name: str, command: list[str], logs: Path) -> subprocess.Popen[bytes]:
+def start(
+    name: str, command: list[str], logs: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`command` in a session of its own, logging to LOGS/NAME.log; `env` adds to this environment."""
     with (logs / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)  # fmt: skip
+                                   start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
     _children[process.pid] = process
     return process
 
@@ -460,13 +489,14 @@ def running_cluster(folder: Path) -> dict[str, Any] | None:
     return state if any(alive(pid, name) for name, pid in state.get("pids", {}).items()) else None
 
 
-def up(folder: Path, bins: Path | None = None, monitoring: bool = False) -> Cluster:
+def up(folder: Path, bins: Path | None = None, monitoring: bool = False, keda: bool = False) -> Cluster:
     """Start etcd, kube-apiserver (RBAC, ServiceAccount tokens), kube-controller-manager, kube-scheduler and
     kwok with one Ready node on loopback, with everything in `folder`; returns once a Deployment can roll out.
-    With `monitoring`, also prometheus-operator, Prometheus 3 and Alertmanager (scripts/local_monitoring.py)."""
+    With `monitoring`, also prometheus-operator, Prometheus 3 and Alertmanager (scripts/local_monitoring.py);
+    with `keda`, KEDA's operator and metrics API server (scripts/local_keda.py)."""
     bins = build(bins)
-    stack = monitoring_stack() if monitoring else None
-    if stack is not None:
+    stacks = [load() for load, wanted in ((monitoring_stack, monitoring), (keda_stack, keda)) if wanted]
+    for stack in stacks:
         stack.build()
     folder = folder.resolve()
     if running_cluster(folder) is not None:
@@ -504,6 +534,14 @@ def up(folder: Path, bins: Path | None = None, monitoring: bool = False) -> Clus
             "--service-account-signing-key-file", str(pki / "sa.key"),
             "--service-cluster-ip-range", SERVICE_CIDR, "--allow-privileged=true",
             "--endpoint-reconciler-type", "none", "--profiling=false", "--cert-dir", str(pki),
+            # the aggregation layer; an APIService's Service is reached at its endpoints (no kube-proxy here)
+            "--requestheader-client-ca-file", str(pki / "front-proxy-ca.crt"),
+            "--requestheader-allowed-names", FRONT_PROXY_CLIENT,
+            "--requestheader-username-headers", "X-Remote-User", "--requestheader-group-headers", "X-Remote-Group",
+            "--requestheader-uid-headers", "X-Remote-Uid",
+            "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+            "--proxy-client-cert-file", str(pki / f"{FRONT_PROXY_CLIENT}.crt"),
+            "--proxy-client-key-file", str(pki / f"{FRONT_PROXY_CLIENT}.key"), "--enable-aggregator-routing=true",
             # no node lifecycle controller here to take the not-ready taint off a new node
             "--disable-admission-plugins", "TaintNodesByCondition",
         ], logs)  # fmt: skip
@@ -518,6 +556,7 @@ def up(folder: Path, bins: Path | None = None, monitoring: bool = False) -> Clus
             "--leader-elect=false", "--secure-port=0", "--controllers", ",".join(CONTROLLERS),
             "--service-account-private-key-file", str(pki / "sa.key"), "--root-ca-file", str(pki / "ca.crt"),
             "--concurrent-deployment-syncs", "2", "--concurrent-replicaset-syncs", "2",
+            "--horizontal-pod-autoscaler-sync-period", HPA_SYNC_PERIOD,
         ], logs)  # fmt: skip
         processes["kube-scheduler"] = start("kube-scheduler", [
             str(bins / "kube-scheduler"), "--kubeconfig", str(components / "kube-scheduler.kubeconfig"),
@@ -538,7 +577,7 @@ def up(folder: Path, bins: Path | None = None, monitoring: bool = False) -> Clus
         wait_until(
             f"kwok to make node {KWOK_NODE} Ready", lambda: node_ready(api, KWOK_NODE), processes, logs
         )
-        if stack is not None:
+        for stack in stacks:
             try:
                 stack.up(folder, server, processes)
             finally:
@@ -551,15 +590,23 @@ def up(folder: Path, bins: Path | None = None, monitoring: bool = False) -> Clus
 
 def monitoring_stack() -> ModuleType:
     """scripts/local_monitoring.py, loaded beside this module (it reuses this one's helpers)."""
-    loaded = sys.modules.get("local_monitoring")
+    return sibling("local_monitoring")
+
+
+def keda_stack() -> ModuleType:
+    """scripts/local_keda.py, loaded beside this module (it reuses this one's helpers)."""
+    return sibling("local_keda")
+
+
+def sibling(name: str) -> ModuleType:
+    """scripts/NAME.py as the module NAME, loaded once."""
+    loaded = sys.modules.get(name)
     if loaded is not None:
         return loaded
-    spec = importlib.util.spec_from_file_location(
-        "local_monitoring", Path(__file__).with_name("local_monitoring.py")
-    )
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["local_monitoring"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -663,9 +710,12 @@ def down(folder: Path) -> list[str]:
     return killed
 
 
+STACKS = {"--monitoring": "monitoring.json", "--keda": "keda.json"}  # `up`'s options, and what each writes
+
+
 def main(argv: list[str]) -> int:
     usage = (
-        "usage: python scripts/local_cluster.py build | up DIR [--monitoring] | down DIR | "
+        "usage: python scripts/local_cluster.py build | up DIR [--monitoring] [--keda] | down DIR | "
         "token DIR NAMESPACE/SERVICEACCOUNT"
     )
     command = argv[0] if argv else ""
@@ -673,13 +723,14 @@ def main(argv: list[str]) -> int:
         if command == "build" and len(argv) == 1:
             print(f"binaries ready in {build()}")
             return 0
-        if command == "up" and len(argv) in (2, 3) and argv[2:] in ([], ["--monitoring"]):
+        options = set(argv[2:])  # each at most once
+        if command == "up" and len(argv) >= 2 and len(options) == len(argv) - 2 and options <= set(STACKS):
             began = time.monotonic()
-            cluster = up(Path(argv[1]), monitoring=argv[2:] == ["--monitoring"])
+            cluster = up(Path(argv[1]), monitoring="--monitoring" in options, keda="--keda" in options)
             print(f"control plane up in {time.monotonic() - began:.0f} s: {cluster.server} (logs in "
                   f"{cluster.folder / 'logs'}; stop it with `{Path(__file__).name} down {argv[1]}`)")  # fmt: skip
-            if argv[2:]:
-                print(f"monitoring: {(cluster.folder / 'monitoring.json').read_text().strip()}")
+            for option in sorted(options):
+                print(f"{option[2:]}: {(cluster.folder / STACKS[option]).read_text().strip()}")
             print(cluster.kubeconfig)
             return 0
         if command == "token" and len(argv) == 3 and argv[2].count("/") == 1:

@@ -76,16 +76,17 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S, 
     raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r:.500})")
 
 
-def accepts(port: int) -> bool:
+def accepts(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as probe:
         probe.settimeout(1)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return probe.connect_ex((host, port)) == 0
 
 
 @contextmanager
-def control_plane(folder: Path, monitoring: bool = False) -> Iterator[Cluster]:
+def control_plane(folder: Path, monitoring: bool = False, keda: bool = False) -> Iterator[Cluster]:
     """scripts/local_cluster.py `up` in `folder` (with `--monitoring`: prometheus-operator, Prometheus 3 and
-    Alertmanager too), and `down` after, which must leave no process it started and no port it listened on."""
+    Alertmanager too; with `--keda`: KEDA's operator and metrics server), and `down` after, which must leave no
+    process it started and no port it listened on."""
     lc = local_cluster()
     bins = lc.kbins_dir()
     missing = lc.missing_binaries(bins)
@@ -106,21 +107,33 @@ def control_plane(folder: Path, monitoring: bool = False) -> Iterator[Cluster]:
                 "proxy, once per machine), which `make test` does",
                 pytrace=False,
             )
+    if keda:
+        kedas = lc.keda_stack()
+        absent = kedas.missing(kedas.kedabins_dir())
+        if absent:
+            pytest.fail(
+                f"KEDA's binaries are missing from {kedas.kedabins_dir()} ({', '.join(absent)}): run `make "
+                "keda-tools` (python3 scripts/local_keda.py build, from the Go module proxy, once per machine), "
+                "which `make test` does",
+                pytrace=False,
+            )
     began = time.monotonic()
-    started = lc.up(folder, bins, monitoring=monitoring)
+    started = lc.up(folder, bins, monitoring=monitoring, keda=keda)
     print(f"control plane up in {time.monotonic() - began:.1f} s at {started.server}")
     api = config.new_client_from_config(config_file=str(started.kubeconfig))
     state = (folder / lc.STATE_FILE).read_text()
     urls: dict[str, str] = json.loads((folder / "monitoring.json").read_text()) if monitoring else {}
-    ports = sorted({int(port) for port in re.findall(r"127\.0\.0\.1:(\d+)", state + json.dumps(urls))})
+    addresses: dict[str, str] = json.loads((folder / "keda.json").read_text()) if keda else {}
+    text = state + json.dumps(urls) + json.dumps(addresses)
+    ports = sorted({(host, int(port)) for host, port in re.findall(r"(\d+\.\d+\.\d+\.\d+):(\d+)", text)})
     try:
-        yield Cluster(folder, started.kubeconfig, started.server, api, urls)
+        yield Cluster(folder, started.kubeconfig, started.server, api, urls, addresses)
     finally:
         api.close()
         lc.down(folder)
     left = [name for name, pid in started.pids.items() if lc.alive(pid, name)]
     assert not left, f"`down` left {left} running"
-    listening = [port for port in ports if accepts(port)]
+    listening = [f"{host}:{port}" for host, port in ports if accepts(port, host)]
     assert not listening, f"`down` left ports {listening} open"
 
 
@@ -133,6 +146,7 @@ class Cluster:
     server: str
     api: client.ApiClient
     monitoring: dict[str, str] = field(default_factory=dict)  # `up --monitoring`: prometheus, alertmanager
+    keda: dict[str, str] = field(default_factory=dict)  # `up --keda`: its servers' addresses (DIR/keda.json)
 
     def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
