@@ -73,11 +73,28 @@ class ClusterError(Exception):
     """Why the control plane could not be built, started or stopped, printed as one line."""
 
 
+def tool_cache(override_variable: str, *parts: str) -> Path:
+    """Where a pinned build lives: $override_variable, else ~/.cache/kvtune/<parts>."""
+    override = os.environ.get(override_variable)
+    return Path(override) if override else Path.home().joinpath(".cache", "kvtune", *parts)
+
+
+def missing_pinned(
+    bins: Path, wanted_pins: dict[str, str], names: tuple[str, ...], crd_folder: str
+) -> list[str]:
+    """What a cache of built binaries and CRDs lacks (all of it when built from other pins)."""
+    try:
+        built_from = json.loads((bins / STAMP).read_text())
+    except (OSError, ValueError):
+        built_from = None
+    if built_from != wanted_pins:
+        return [*names, crd_folder]
+    wanted = [name for name in names if not os.access(bins / name, os.X_OK)]
+    return wanted + ([crd_folder] if not any((bins / crd_folder).glob("*.yaml")) else [])
+
+
 def kbins_dir() -> Path:
-    override = os.environ.get("KVTUNE_KBINS_DIR")
-    if override:
-        return Path(override)
-    return Path.home() / ".cache" / "kvtune" / "kbins" / KUBERNETES_VERSION
+    return tool_cache("KVTUNE_KBINS_DIR", "kbins", KUBERNETES_VERSION)
 
 
 def pins() -> dict[str, str]:

@@ -76,10 +76,7 @@ STATE_FILE = "keda.json"
 
 
 def kedabins_dir() -> Path:
-    override = os.environ.get("KVTUNE_KEDA_BINS_DIR")
-    if override:
-        return Path(override)
-    return Path.home() / ".cache" / "kvtune" / "kedabins" / KEDA_VERSION
+    return lc.tool_cache("KVTUNE_KEDA_BINS_DIR", "kedabins", KEDA_VERSION)
 
 
 def pins() -> dict[str, str]:
@@ -88,14 +85,7 @@ def pins() -> dict[str, str]:
 
 def missing(bins: Path) -> list[str]:
     """What `up --keda` needs that the cache lacks (all of it when built from other pins)."""
-    try:
-        built_from = json.loads((bins / STAMP).read_text())
-    except (OSError, ValueError):
-        built_from = None
-    if built_from != pins():
-        return [*COMMANDS, CRD_FOLDER]
-    wanted = [name for name in COMMANDS if not os.access(bins / name, os.X_OK)]
-    return wanted + ([CRD_FOLDER] if not any((bins / CRD_FOLDER).glob("*.yaml")) else [])
+    return lc.missing_pinned(bins, pins(), tuple(COMMANDS), CRD_FOLDER)
 
 
 # ------------------------------------------------------------------------------------------------- build

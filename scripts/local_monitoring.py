@@ -68,10 +68,7 @@ RELOAD_EVERY_S = 0.5
 
 
 def monbins_dir() -> Path:
-    override = os.environ.get("KVTUNE_MONBINS_DIR")
-    if override:
-        return Path(override)
-    return Path.home() / ".cache" / "kvtune" / "monbins" / f"{OPERATOR_VERSION}-{PROMETHEUS_VERSION}"
+    return lc.tool_cache("KVTUNE_MONBINS_DIR", "monbins", f"{OPERATOR_VERSION}-{PROMETHEUS_VERSION}")
 
 
 def pins() -> dict[str, str]:
@@ -81,14 +78,7 @@ def pins() -> dict[str, str]:
 
 def missing(bins: Path) -> list[str]:
     """What `up --monitoring` needs that the cache lacks (all of it when built from other pins)."""
-    try:
-        built_from = json.loads((bins / STAMP).read_text())
-    except (OSError, ValueError):
-        built_from = None
-    if built_from != pins():
-        return [*BINARIES, CRD_FOLDER]
-    wanted = [name for name in BINARIES if not os.access(bins / name, os.X_OK)]
-    return wanted + ([CRD_FOLDER] if not any((bins / CRD_FOLDER).glob("*.yaml")) else [])
+    return lc.missing_pinned(bins, pins(), BINARIES, CRD_FOLDER)
 
 
 def version_ldflags(package: str, version: str) -> str:

@@ -97,24 +97,17 @@ def control_plane(folder: Path, monitoring: bool = False, keda: bool = False) ->
             "`make test` does",
             pytrace=False,
         )
-    if monitoring:
-        stack = lc.monitoring_stack()
-        absent = stack.missing(stack.monbins_dir())
+    stacks = ((monitoring, "the monitoring stack's", lc.monitoring_stack, "monbins_dir", "monitoring"),
+              (keda, "KEDA's", lc.keda_stack, "kedabins_dir", "keda"))  # fmt: skip
+    for wanted, whose, load, directory, name in stacks:
+        stack = load() if wanted else None
+        cache = getattr(stack, directory)() if stack is not None else None
+        absent = stack.missing(cache) if stack is not None else []
         if absent:
             pytest.fail(
-                f"the monitoring stack's binaries are missing from {stack.monbins_dir()} ({', '.join(absent)}): "
-                "run `make monitoring-tools` (python3 scripts/local_monitoring.py build, from the Go module "
-                "proxy, once per machine), which `make test` does",
-                pytrace=False,
-            )
-    if keda:
-        kedas = lc.keda_stack()
-        absent = kedas.missing(kedas.kedabins_dir())
-        if absent:
-            pytest.fail(
-                f"KEDA's binaries are missing from {kedas.kedabins_dir()} ({', '.join(absent)}): run `make "
-                "keda-tools` (python3 scripts/local_keda.py build, from the Go module proxy, once per machine), "
-                "which `make test` does",
+                f"{whose} binaries are missing from {cache} ({', '.join(absent)}): run `make {name}-tools` "
+                f"(python3 scripts/local_{name}.py build, from the Go module proxy, once per machine), which "
+                "`make test` does",
                 pytrace=False,
             )
     began = time.monotonic()
