@@ -27,6 +27,9 @@ from tests.e2e.workloads import (
 NAME = "sized-vllm"
 SERVICE = "sized-vllm-engine"
 POOL = "sized-vllm"
+# a hang deadline: the first signal needs a fit (finished requests) and one replica-count search, seconds
+# each on a busy 2-core machine
+SIGNAL_TIMEOUT_S = 240.0
 
 
 def hpa(namespace: str, name: str, metric: str) -> dict[str, Any]:
@@ -75,7 +78,7 @@ def test_one_autoscaler_is_told_the_replicas_the_load_needs(cluster: Cluster, si
         ready = found.get("autoscalers") == ["HorizontalPodAutoscaler/kvtune-replicas"]
         return found if ready and found.get("demandCapacityRatio") else None
 
-    found = wait_for("the replica signal in status", signalled)
+    found = wait_for("the replica signal in status", signalled, timeout=SIGNAL_TIMEOUT_S)
     assert found.get("desiredReplicas"), found
     assert found["replicas"] == 3 and found["demand"].endswith(("clients", "requests/s")), found
     assert found["desiredReplicas"] >= 1 and found["maxNumSeqsPerReplica"] >= 1
