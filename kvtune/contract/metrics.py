@@ -66,6 +66,8 @@ REQUEST_MAX_TOKENS = "request_max_tokens"
 REQUEST_PREEMPTIONS = "request_preemptions"  # preemptions per finished request (a histogram)
 CACHE_CONFIG = "cache_config"
 PROCESS_START = "process_start_time"
+INTER_TOKEN_LATENCY = "inter_token_latency"  # seconds between two tokens of a request: a step's time
+RUNNING_ALL_PODS = "num_running_all_pods"  # kvtune's own: running summed over a pooled sample's pods
 POOLED_PODS = "pooled_pods"  # kvtune's own: the pods a pooled sample was read from (absent: one engine)
 
 # Gauges that are fractions: a value outside [0, 1] is corrupt, not a figure.
@@ -91,6 +93,9 @@ NAME_MAP: dict[str, Canonical] = {
     "vllm:request_prompt_tokens": Canonical(REQUEST_PROMPT_TOKENS, _H),
     "vllm:request_generation_tokens": Canonical(REQUEST_GENERATION_TOKENS, _H),
     "vllm:request_params_max_tokens": Canonical(REQUEST_MAX_TOKENS, _H),
+    # a step's seconds where running requests were not seen at every scrape (an open loop below saturation)
+    "vllm:inter_token_latency_seconds": Canonical(INTER_TOKEN_LATENCY, _H),
+    "vllm:time_per_output_token_seconds": Canonical(INTER_TOKEN_LATENCY, _H),
     # vLLM >= 0.30, and the by-reason counter vllm#58037 proposes (kvtune.contract.preemptions)
     REQUEST_PREEMPTIONS_SERIES: Canonical(REQUEST_PREEMPTIONS, _H),
     PREEMPTIONS_BY_REASON_SERIES: Canonical(PREEMPTIONS_BY_REASON, _C, split_label="reason"),
@@ -152,7 +157,8 @@ DETECTOR_SECONDS = "kvtune:prefix_detector_seconds_total"
 CAPPED_DEFAULT = "default"
 CAPPED_LABELS = (*CAP_MODES, CAPPED_DEFAULT)
 
-# Latency histograms, read by the rules and dashboards (the operator judges from counts, not latencies).
+# Latency histograms, read by the rules and dashboards (the operator judges from counts, not latencies; it
+# reads the inter-token latency only to time an engine's step for the workload fit).
 TTFT_SERIES = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
 ITL_SERIES = (
     "vllm:inter_token_latency_seconds",

@@ -63,13 +63,11 @@ class Demand:
         return Arrival(self.clients, None if self.clients is not None else self.rate_per_s, evidence)
 
 
-def fleet_demand(fit: FittedWorkload, replicas: float, running_per_replica: float) -> Demand:
-    """The whole workload's demand from a fit of `replicas` replicas pooled. An open loop's rate comes from
-    the finished requests, summed over the pods already. A closed loop's clients were counted as the
-    busiest pod's running plus every pod's waiting; the other pods' running requests are added back."""
+def fleet_demand(fit: FittedWorkload) -> Demand:
+    """The whole workload's demand: an open loop's rate comes from the finished requests summed over the
+    pods; a closed loop's clients from the requests in every pod (a pooled fit counts all of them)."""
     if fit.arrival.clients is not None:
-        others = max(0.0, replicas - 1.0) * running_per_replica
-        return Demand(clients=max(1, round(fit.arrival.clients + others)))
+        return Demand(clients=fit.arrival.clients)
     return Demand(rate_per_s=fit.arrival.rate_per_s or 0.0)
 
 
@@ -101,6 +99,10 @@ def judge_share(
     queue wait within it. Among those the objective picks: NoPreemption the largest, Goodput the highest
     goodput."""
     one = replace(fit, arrival=share.arrival())
+    # a closed loop never holds more requests than its clients: every value from `clients` up runs alike, and
+    # the what-if simulates none above it, so a floor above the clients is judged at the clients
+    if share.clients is not None:
+        low = min(low, share.clients)
     planned = plan(one, min(max(fit.settings.max_num_seqs, low), high), objective, low, high, edge_seeds)
     margin = planned.objective.risk_margin
     safe = [r for r in planned.table if r.safe(margin) and not r.overloaded]
@@ -213,7 +215,8 @@ def replicas_needed(
     chosen = verdict(demand.share(replicas))
     pick = chosen.pick
     assert pick is not None  # the loop above stops at a count that holds
-    return ReplicaPlan(demand, capacity, ratio, replicas, pick.candidate.max_num_seqs, pick, chosen.why)
+    value = max(low, pick.candidate.max_num_seqs)  # at or above a closed loop's clients: the same run
+    return ReplicaPlan(demand, capacity, ratio, replicas, value, pick, chosen.why)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ class Scrape:
     prompt_tokens: float
     finished_requests: float
     preemptions: float
+    # running on every pod of a pooled reading (`running` is then the busiest pod's, which the step is
+    # timed by); the arrival is judged on the whole workload's requests. None: one engine
+    running_all: float | None = None
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ class FittedWorkload:
 
 
 def _arrival(scrapes: Sequence[Scrape], seconds: float, finished: float, limits: FitLimits) -> Arrival:
-    in_system = [s.running + s.waiting for s in scrapes]
+    in_system = [(s.running if s.running_all is None else s.running_all) + s.waiting for s in scrapes]
     mean = sum(in_system) / len(in_system)
     swing = math.sqrt(sum((n - mean) ** 2 for n in in_system) / len(in_system))
     ordered = sorted(in_system)
@@ -222,12 +225,15 @@ def fit_workload(
                 "a counter fell inside the window: the engine restarted; fit one process at a time"
             )
             break
+    # the window's own finished requests time its arrivals; the lengths may come from more (the engine's
+    # histograms since it started), which sizes the fit's sample, never its rate
     finished = scrapes[-1].finished_requests - scrapes[0].finished_requests if scrapes else 0.0
-    if window.output_len is not None:
-        finished = max(finished, window.output_len.count)
-    if finished < limits.min_finished:
+    if window.output_len is not None and finished <= 0:
+        finished = window.output_len.count  # no finished-requests counter moved: the lengths' own count
+    sample_size = max(finished, window.output_len.count if window.output_len is not None else 0.0)
+    if sample_size < limits.min_finished:
         reasons.append(
-            f"{finished:.0f} requests finished in the window, at least {limits.min_finished:g} needed"
+            f"{sample_size:.0f} requests finished in the window, at least {limits.min_finished:g} needed"
         )
     upper = float(settings.max_model_len) if settings and settings.max_model_len else None
     prompt = BucketedLengths.fit(window.prompt_len, upper) if window.prompt_len else None
@@ -251,8 +257,8 @@ def fit_workload(
     step_time = fit_step_time([point, *earlier_points])
     assert step_time is not None  # `point` is usable
     notes: list[str] = []
-    if finished < limits.few_finished:
-        notes.append(f"only {finished:.0f} finished requests")
+    if sample_size < limits.few_finished:
+        notes.append(f"only {sample_size:.0f} finished requests")
     for name, lengths in (("prompt", prompt), ("output", output)):
         if lengths.resolution > limits.coarse_resolution:
             notes.append(f"{name} buckets coarse (±{lengths.resolution / 2:.0%} of a length)")
@@ -264,11 +270,11 @@ def fit_workload(
         notes.append("step-time split from the prior (no operating point at another batch size yet)")
     arrival = _arrival(scrapes, seconds, finished, limits)
     variance = prompt.variance() + output.variance()
-    relative_error = math.sqrt(variance / finished) / (prompt.observed_mean + output.observed_mean)
+    relative_error = math.sqrt(variance / sample_size) / (prompt.observed_mean + output.observed_mean)
     first, last = scrapes[0], scrapes[-1]
     observed = Observed(
         seconds=seconds,
-        finished=finished,
+        finished=sample_size,
         goodput=(last.generated_tokens - first.generated_tokens) / seconds,
         preemptions_per_min=(last.preemptions - first.preemptions) / seconds * 60,
         running_mean=point.batch,

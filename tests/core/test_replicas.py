@@ -44,13 +44,10 @@ def test_a_demand_is_clients_or_a_rate_and_splits_without_splitting_a_client() -
     assert Demand(rate_per_s=3.0).share(4) == Demand(rate_per_s=0.75)
 
 
-def test_a_closed_loop_pooled_over_pods_counts_the_other_pods_running_requests(
-    long_tailed: FittedWorkload,
-) -> None:
-    # the fit counted the busiest pod's running plus every pod's waiting: 24; three pods run 4 each
-    assert fleet_demand(long_tailed, 3, 4.0) == Demand(clients=32)
+def test_the_fleet_s_demand_is_the_fit_s_whole_arrival(long_tailed: FittedWorkload) -> None:
+    assert fleet_demand(long_tailed) == Demand(clients=24)
     open_loop = dataclasses.replace(long_tailed, arrival=Arrival(None, 2.5, ""))
-    assert fleet_demand(open_loop, 3, 4.0) == Demand(rate_per_s=2.5)  # finished requests: summed already
+    assert fleet_demand(open_loop) == Demand(rate_per_s=2.5)  # finished requests: summed over the pods
 
 
 def test_a_wait_bound_one_replica_cannot_meet_asks_for_more(long_tailed: FittedWorkload) -> None:
@@ -119,3 +116,8 @@ def test_more_clients_never_need_fewer_replicas(clients: int) -> None:
     more = replicas_needed(fit, Demand(clients=clients + 8), objective, 1, 64)
     assert fewer.replicas is not None and more.replicas is not None
     assert more.replicas >= fewer.replicas
+
+
+def test_a_floor_above_a_replica_s_clients_is_judged_at_the_clients(long_tailed: FittedWorkload) -> None:
+    planned = replicas_needed(long_tailed, Demand(clients=3), Objective(p95_wait_bound_s=5.0), 4, 128)
+    assert planned.replicas is not None and planned.max_num_seqs is not None and planned.max_num_seqs >= 4

@@ -73,12 +73,18 @@ def scaling(cluster: Cluster, namespace: str) -> dict[str, Any]:
 def test_one_autoscaler_is_told_the_replicas_the_load_needs(cluster: Cluster, sized: str) -> None:
     cluster.apply(hpa(sized, "kvtune-replicas", "kvtune_operator_desired_replicas"))
 
+    seen: list[dict[str, Any]] = []
+
     def signalled() -> dict[str, Any] | None:
         found = scaling(cluster, sized)
+        seen[:] = [found]
         ready = found.get("autoscalers") == ["HorizontalPodAutoscaler/kvtune-replicas"]
         return found if ready and found.get("demandCapacityRatio") else None
 
-    found = wait_for("the replica signal in status", signalled, timeout=SIGNAL_TIMEOUT_S)
+    try:
+        found = wait_for("the replica signal in status", signalled, timeout=SIGNAL_TIMEOUT_S)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; status.scaling at the end: {seen}") from None
     assert found.get("desiredReplicas"), found
     assert found["replicas"] == 3 and found["demand"].endswith(("clients", "requests/s")), found
     assert found["desiredReplicas"] >= 1 and found["maxNumSeqsPerReplica"] >= 1

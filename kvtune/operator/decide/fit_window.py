@@ -36,6 +36,7 @@ def scrape_of(sample: Sample) -> Scrape:
     return Scrape(
         at=sample.timestamp,
         running=g.get(m.RUNNING, 0.0),
+        running_all=g.get(m.RUNNING_ALL_PODS),
         waiting=g.get(m.WAITING, 0.0),
         generated_tokens=c.get(m.GENERATION_TOKENS, 0.0),
         prompt_tokens=c.get(m.PROMPT_TOKENS, 0.0),
@@ -87,6 +88,7 @@ def metrics_window(window: Window, engine: EngineView, limits: FitLimits) -> tup
             settings=settings_of(engine),
             prefix_queries=window.increase(m.PREFIX_QUERIES),
             prefix_hits=window.increase(m.PREFIX_HITS),
+            inter_token_latency=buckets_of(window.histogram_delta(m.INTER_TOKEN_LATENCY)),
         ),
         boot_prompt or boot_output,
     )

@@ -254,7 +254,8 @@ def pool(
     config, disagreements = pool_cache_config(readings)
     corrupt = tuple(sorted({(f"{pod}: {series}", problem) for pod, s in readings.items()
                             for series, problem in s.corrupt}))  # fmt: skip
-    gauges = {**pool_gauges(readings), m.POOLED_PODS: float(len(readings))}
+    running_all = sum(s.gauges.get(m.RUNNING, 0.0) for s in readings.values())
+    gauges = {**pool_gauges(readings), m.POOLED_PODS: float(len(readings)), m.RUNNING_ALL_PODS: running_all}
     sample = Sample(now, gauges, counters, histograms, config, source, corrupt)
     new_state = PoolState(now, pods, counters, histograms)
     return Pooled(sample, new_state, (*disagreements, *findings), tuple(restarted), tuple(new), gone)

@@ -51,11 +51,9 @@ def replicas_in(window: Window) -> int:
     return max(1, round(latest)) if latest else 1
 
 
-def plan_replicas(fit: FittedWorkload, window: Window, policy: TuningPolicy) -> ReplicaPlan:
+def plan_replicas(fit: FittedWorkload, policy: TuningPolicy) -> ReplicaPlan:
     """The replicas the fleet's demand needs, each replica at the tuner's objective within its bounds."""
-    now = replicas_in(window)
-    running = window.gauge_mean(m.RUNNING) or 0.0
-    demand = fleet_demand(fit, now, running)
+    demand = fleet_demand(fit)
     return replicas_needed(fit, demand, objective_of(policy), policy.min_max_num_seqs,
                            policy.max_max_num_seqs)  # fmt: skip
 
@@ -100,7 +98,7 @@ def evaluate(
         kept = previous.desired if previous is not None else None
         return replace(state, signal=ScalingSignal(now, replicas_now, kept, None, None, "", reason,
                                                    "holding the last count" if kept else None))  # fmt: skip
-    planned = plan_replicas(fit, window, policy)
+    planned = plan_replicas(fit, policy)
     costly, loss = _cost(fit, planned.demand, policy, scaling, replicas_now)
     base = ScalingSignal(now, replicas_now, None, planned.ratio, planned.max_num_seqs, planned.demand.describe(),
                          planned.describe(), costly=costly, goodput_loss=loss)  # fmt: skip

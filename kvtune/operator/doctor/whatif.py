@@ -8,7 +8,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kvtune.contract import metrics as m
 from kvtune.core.objectives import goodput, no_preemption
 from kvtune.core.predict import GOODPUT, Forecast, Objective, plan, table_lines
 from kvtune.core.replicas import fleet_demand, no_preemption_cost, replicas_needed
@@ -85,7 +84,7 @@ def replicas_section(fit: FittedWorkload, window: Window, objective: Objective) 
     """The replicas this load needs at the objective (`kvtune.core.replicas`), and what NoPreemption's pick
     costs in goodput when that is more than the operator's default warning share."""
     now = replicas_in(window)
-    demand = fleet_demand(fit, now, window.gauge_mean(m.RUNNING) or 0.0)
+    demand = fleet_demand(fit)
     planned = replicas_needed(fit, demand, objective)
     cost = no_preemption_cost(fit, demand, objective, 1, 1 << 20, now, fit.observed.goodput,
                               objective.p95_wait_bound_s)  # fmt: skip
