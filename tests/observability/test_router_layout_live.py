@@ -216,11 +216,26 @@ def test_the_router_is_never_counted_as_an_engine(
             float(MAX_NUM_SEQS * len(ENGINE_PODS)),
             float(REQUESTS - MAX_NUM_SEQS * len(ENGINE_PODS)),
         )
-        assert pod_variable(stack) == set(ENGINE_PODS)
-        pods = PrometheusSource(stack.prometheus_url, f'namespace="{NAMESPACE}"').read_pods()
-        assert isinstance(pods, dict) and sorted(pods) == sorted(ENGINE_PODS)
-        up = stack.query(f'kvtune_engine:up{{namespace="{NAMESPACE}"}}')
-        assert sorted(item["metric"]["pod"] for item in up) == sorted(ENGINE_PODS)
+        # a busy vLLM's /metrics can outlast a 1 s scrape under load, leaving a pod's series stale for a
+        # scrape: each read below waits for a complete one, and nothing but the two engines is ever accepted
+        wait_until(lambda: pod_variable(stack) == set(ENGINE_PODS), SETTLE_TIMEOUT_S, "the Pod variable")
+        source = PrometheusSource(stack.prometheus_url, f'namespace="{NAMESPACE}"')
+
+        def per_pod() -> list[str] | None:
+            pods = source.read_pods()
+            return sorted(pods) if isinstance(pods, dict) and len(pods) == len(ENGINE_PODS) else None
+
+        assert wait_until(per_pod, SETTLE_TIMEOUT_S, "the operator's per-pod read") == sorted(ENGINE_PODS)
+
+        def up_pods() -> list[str] | None:
+            up = sorted(
+                item["metric"]["pod"] for item in stack.query(f'kvtune_engine:up{{namespace="{NAMESPACE}"}}')
+            )
+            return up if len(up) == len(ENGINE_PODS) else None
+
+        assert wait_until(up_pods, SETTLE_TIMEOUT_S, "kvtune_engine:up of both engines") == sorted(
+            ENGINE_PODS
+        )
     finally:
         stop.set()
         for thread in threads:
