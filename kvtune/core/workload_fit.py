@@ -156,17 +156,52 @@ class FittedWorkload:
         )
 
 
+def _steady(counts: Sequence[float], limits: FitLimits) -> bool:
+    """A closed loop's in-system count: steadier than a Poisson count of the same mean swings."""
+    mean = sum(counts) / len(counts)
+    swing = math.sqrt(sum((n - mean) ** 2 for n in counts) / len(counts))
+    return swing <= limits.closed_loop_swing * math.sqrt(max(mean, 1.0))
+
+
+def _median(counts: Sequence[float]) -> float:
+    return sorted(counts)[len(counts) // 2]
+
+
+def _stepped_level(counts: Sequence[float], limits: FitLimits) -> tuple[float, float, int] | None:
+    """A closed loop whose clients changed inside the window: the count steady before some scrape and steady
+    again, at another level, from it on (the split with the least swing around its two levels). Its levels
+    before and after, and the scrapes after; None when no split leaves two steady stretches."""
+    best: tuple[float, int] | None = None
+    for split in range(2, len(counts) - 1):  # two scrapes at least on each side
+        parts = (counts[:split], counts[split:])
+        if not all(_steady(part, limits) for part in parts):
+            continue
+        spread = sum((n - sum(part) / len(part)) ** 2 for part in parts for n in part)
+        if best is None or spread < best[0]:
+            best = (spread, split)
+    if best is None:
+        return None
+    before, after = _median(counts[: best[1]]), _median(counts[best[1] :])
+    return (before, after, len(counts) - best[1]) if before != after else None
+
+
 def _arrival(scrapes: Sequence[Scrape], seconds: float, finished: float, limits: FitLimits) -> Arrival:
     in_system = [(s.running if s.running_all is None else s.running_all) + s.waiting for s in scrapes]
     mean = sum(in_system) / len(in_system)
     swing = math.sqrt(sum((n - mean) ** 2 for n in in_system) / len(in_system))
-    ordered = sorted(in_system)
-    median = ordered[len(ordered) // 2]
     evidence = (
         f"requests in the engine {min(in_system):.0f}-{max(in_system):.0f} (mean {mean:.1f}, sd {swing:.1f})"
     )
-    if swing <= limits.closed_loop_swing * math.sqrt(max(mean, 1.0)):
-        return Arrival(max(1, round(median)), None, evidence + ": steady, a closed loop")
+    if _steady(in_system, limits):
+        return Arrival(max(1, round(_median(in_system))), None, evidence + ": steady, a closed loop")
+    # a closed loop that stepped reads as a swing over the whole window: its current clients are the later
+    # level, once it held for a few scrapes (a change in the last scrapes is the next window's to read)
+    stepped = _stepped_level(in_system, limits)
+    if stepped is not None:
+        before, after, held = stepped
+        level = after if held >= limits.min_scrapes else before
+        return Arrival(max(1, round(level)), None,
+                       evidence + f": steady at {before:.0f}, then at {after:.0f}, a closed loop that changed")  # fmt: skip
     grown = in_system[-1] - in_system[0]
     rate = max(0.0, (finished + grown) / seconds)
     return Arrival(None, rate, evidence + ": swinging, an open loop")

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.step_time import OperatingPoint
-from kvtune.core.workload_fit import FittedWorkload, Insufficient, MetricsWindow, fit_workload
+from kvtune.core.workload_fit import (
+    FitLimits,
+    FittedWorkload,
+    Insufficient,
+    MetricsWindow,
+    _steady,
+    _stepped_level,
+    fit_workload,
+)
 from tests.core.workloads import VLLM_BOUNDS, fitted, uniform_lengths, window
 
 
@@ -128,3 +137,33 @@ def test_any_window_with_too_few_requests_is_insufficient_and_says_how_many(coun
     fit = fit_workload(window(prompts, outputs))
     assert isinstance(fit, Insufficient)
     assert any(f"{count} requests finished" in reason for reason in fit.reasons)
+
+
+def test_a_closed_loop_that_changed_its_clients_in_the_window_is_read_at_its_new_level() -> None:
+    itl = Buckets(((0.025, 1000.0), (float("inf"), 1000.0)), 1000.0, 1000 * 0.02)
+
+    def arrival(in_system: tuple[int, ...]) -> str:
+        fit = fit_workload(replace(_window(in_system=in_system), inter_token_latency=itl))
+        assert isinstance(fit, FittedWorkload)
+        return fit.arrival.describe()
+
+    # a step down from 3 clients to 1 (one scrape caught mid-way), and up from 1 to 3: the level it holds now
+    assert arrival((3, 3, 3, 3, 3, 3, 2, 1, 1, 1, 1, 1, 1)) == "closed loop, 1 clients"
+    assert arrival((1, 1, 1, 1, 1, 2, 3, 3, 3, 3, 3, 3, 3)) == "closed loop, 3 clients"
+    # a change seen at the last two scrapes only: the level the window held, the next window reads the new one
+    assert arrival((3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 1)) == "closed loop, 3 clients"
+    # an open loop's swing has no two steady stretches
+    assert arrival((3, 11, 6, 0, 14, 4, 9, 1, 12, 5, 2, 10, 3)).startswith("open loop")
+
+
+def test_a_poisson_count_is_seldom_read_as_a_closed_loop_that_changed() -> None:
+    """An open loop's in-system count (Poisson around its mean) swings within any stretch: over 1,000 windows
+    of 15 scrapes at means 2 to 40, fewer than 2% find two steady stretches (about as often as a whole window
+    of a Poisson count looks steady)."""
+    rng = np.random.default_rng(36)
+    limits = FitLimits()
+    misread = 0
+    for _ in range(1000):
+        counts = [float(n) for n in rng.poisson(rng.uniform(2.0, 40.0), size=15)]
+        misread += not _steady(counts, limits) and _stepped_level(counts, limits) is not None
+    assert misread < 20, misread

@@ -37,7 +37,11 @@ def test_a_queue_the_bound_cannot_hold_asks_for_more_replicas_once_per_window() 
     signal = first.signal
     assert signal is not None and signal.desired is not None and signal.desired > 1, signal
     assert signal.ratio is not None and signal.desired >= signal.ratio > 1
-    assert signal.max_num_seqs is not None and "clients" in signal.demand
+    assert (
+        signal.max_num_seqs is not None
+        and "clients" in signal.demand
+        and "closed loop" in signal.demand_evidence
+    )
     # within the evaluation window the signal is not recomputed
     assert evaluate(window(0, 8), engine(16), BOUNDED, False, first, 8) is first
 

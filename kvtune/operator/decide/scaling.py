@@ -34,6 +34,7 @@ class ScalingSignal:
     demand: str
     reason: str
     held: str | None = None  # why the signal did not move at this evaluation
+    demand_evidence: str = ""  # what the demand was read from (the fit's in-system count)
     # NoPreemption's pick at today's replicas loses more goodput than the policy's warning share
     costly: str | None = None
     goodput_loss: float | None = None
@@ -101,7 +102,8 @@ def evaluate(
     planned = plan_replicas(fit, policy)
     costly, loss = _cost(fit, planned.demand, policy, scaling, replicas_now)
     base = ScalingSignal(now, replicas_now, None, planned.ratio, planned.max_num_seqs, planned.demand.describe(),
-                         planned.describe(), costly=costly, goodput_loss=loss)  # fmt: skip
+                         planned.describe(), costly=costly, goodput_loss=loss,
+                         demand_evidence=fit.arrival.evidence)  # fmt: skip
     if planned.replicas is None:
         kept = previous.desired if previous is not None else None
         return ScalingState(

@@ -671,6 +671,7 @@ class ScalingStatus(CamelModel):
     desired_replicas: int | None = Field(None, description="None: no count can be said; the autoscaler holds")
     replicas: int = Field(description="pods the evaluation's samples came from")
     demand: str = Field("", description="the workload's whole arrival: clients, or requests per second")
+    demand_evidence: str = Field("", description="what the demand was read from: the requests in the engines")
     demand_capacity_ratio: float | None = Field(None, description="demand ÷ the most one replica holds")
     max_num_seqs_per_replica: int | None = Field(None, description="the per-replica setting at that count")
     reason: str = ""

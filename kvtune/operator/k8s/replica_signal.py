@@ -70,6 +70,7 @@ def replica_signal(
         return ReplicaSignal(status, state, tuple(events), None, None)
     status = ScalingStatus.model_validate({
         "desiredReplicas": signal.desired, "replicas": signal.replicas_now, "demand": signal.demand,
+        "demandEvidence": signal.demand_evidence,
         "demandCapacityRatio": signal.ratio, "maxNumSeqsPerReplica": signal.max_num_seqs,
         "reason": signal.reason, "held": withdrawn or signal.held, "noPreemptionCost": signal.costly,
         "goodputLoss": signal.goodput_loss, "autoscalers": listed,
