@@ -61,6 +61,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "proxy": ("kvtune.bench.proxy", "kvtune proxy in front of an engine against the engine direct"),
     "prefix-defeats": ("kvtune.bench.prefix_defeats", "prefix-defeat detector: precision, recall, cost"),
     "soak": ("kvtune.bench.soak", "engine memory under a long mixed load with hang-ups: does it level off"),
+    "autoscale": (
+        "kvtune.bench.autoscale",
+        "kvtune's replica signal against the waiting queue and KV usage, through KEDA on the local control plane",
+    ),
     "connections": (
         "kvtune.bench.connections",
         "/health with 1,000 idle connections open; slowloris cut-off",

@@ -71,7 +71,6 @@ class Point:
     step: int
     replicas: int
     preemptions: float
-    queue_wait_p95_s: float | None  # over the requests admitted since the previous point
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class RunFigures:
     signal: str
     replicas_over_time: tuple[tuple[float, int], ...]  # (seconds from the start, replicas) at each change
     preemptions: float
-    queue_wait_p95_s: float | None  # the worst step's
+    queue_wait_p95_s: tuple[float | None, ...]  # per load step: its requests' p95 wait (None: no request)
     replica_seconds: float
     direction_changes: tuple[int, ...]  # per load step
 
@@ -101,7 +100,8 @@ def direction_changes(points: Sequence[Point]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def figures(signal: str, points: Sequence[Point]) -> RunFigures:
+def figures(signal: str, points: Sequence[Point], step_waits: Sequence[float | None]) -> RunFigures:
+    """A run's figures from its timeline and each load step's p95 queue wait."""
     if not points:
         raise ValueError("a run without a single point has no figures")
     start = points[0].at
@@ -109,20 +109,19 @@ def figures(signal: str, points: Sequence[Point]) -> RunFigures:
     for p in points[1:]:
         if p.replicas != changes[-1][1]:
             changes.append((round(p.at - start, 1), p.replicas))
-    waits = [p.queue_wait_p95_s for p in points if p.queue_wait_p95_s is not None]
     return RunFigures(
-        signal, tuple(changes), points[-1].preemptions - points[0].preemptions, max(waits) if waits else None,
+        signal, tuple(changes), points[-1].preemptions - points[0].preemptions, tuple(step_waits),
         replica_seconds(points), direction_changes(points),
     )  # fmt: skip
 
 
 def table(runs: Sequence[RunFigures]) -> list[str]:
     """The side-by-side table BENCHMARKS.md records."""
-    lines = ["| signal | replicas over time (s: count) | preemptions | worst p95 queue wait | replica-seconds | "
-             "direction changes per step |", "|---|---|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| signal | replicas over time (s: count) | preemptions | p95 queue wait per step | replica-seconds | "
+             "direction changes per step |", "|---|---|---:|---|---:|---|"]  # fmt: skip
     for run in runs:
         timeline = ", ".join(f"{at:g}: {count}" for at, count in run.replicas_over_time)
-        wait = f"{run.queue_wait_p95_s:.2f} s" if run.queue_wait_p95_s is not None else "n/a"
+        wait = " / ".join("n/a" if w is None else f"{w:.2f} s" for w in run.queue_wait_p95_s)
         steps = ", ".join(str(n) for n in run.direction_changes)
         lines.append(f"| {run.signal} | {timeline} | {run.preemptions:.0f} | {wait} | {run.replica_seconds:.0f} | "
                      f"{steps} |")  # fmt: skip

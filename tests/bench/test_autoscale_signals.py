@@ -25,13 +25,14 @@ def test_each_signal_asks_keda_for_ceil_value_over_threshold() -> None:
 
 
 def test_a_run_s_figures_from_its_timeline() -> None:
-    points = [Point(0, 0, 1, 0, 0.1), Point(10, 1, 1, 0, 4.0), Point(20, 1, 3, 2, 1.0), Point(30, 1, 2, 2, 0.5),
-              Point(40, 1, 3, 3, 0.4), Point(50, 2, 3, 3, 0.1), Point(60, 2, 1, 3, 0.1)]  # fmt: skip
-    run = figures("waiting-queue", points)
+    points = [Point(0, 0, 1, 0), Point(10, 1, 1, 0), Point(20, 1, 3, 2), Point(30, 1, 2, 2),
+              Point(40, 1, 3, 3), Point(50, 2, 3, 3), Point(60, 2, 1, 3)]  # fmt: skip
+    run = figures("waiting-queue", points, (0.1, 4.0, None))
     assert run.replicas_over_time == ((0.0, 1), (20.0, 3), (30.0, 2), (40.0, 3), (60.0, 1))
-    assert run.preemptions == 3 and run.queue_wait_p95_s == 4.0
+    assert run.preemptions == 3 and run.queue_wait_p95_s == (0.1, 4.0, None)
     assert run.replica_seconds == 1 * 10 + 1 * 10 + 3 * 10 + 2 * 10 + 3 * 10 + 3 * 10
     assert run.direction_changes == (0, 2, 0)  # step 1 went up, down, up: two reversals
     assert table([run])[2].startswith("| waiting-queue | 0: 1, 20: 3")
+    assert "| 0.10 s / 4.00 s / n/a |" in table([run])[2]
     with pytest.raises(ValueError):
-        figures("kvtune", [])
+        figures("kvtune", [], ())
