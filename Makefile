@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/kernels/csrc/model_ops_cpu.cpp kvtune/bench/csrc/kernel_probes.cpp
 
 .PHONY: demo test lint typecheck unit clean tools observability-tools helm-tools helm4-tools vllm-harness k8s-tools \
-	monitoring-tools keda-tools router-tools
+	monitoring-tools keda-tools router-tools syft-tools image-packages release-artifacts
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -91,9 +91,50 @@ keda-tools:
 router-tools:
 	$(PYTHON) scripts/install_vllm_router.py
 
+# syft, which writes the release's SBOMs: github.com/anchore/syft built by `go` from the Go module proxy into
+# ~/.cache/kvtune/syft/<version> ($KVTUNE_SYFT_DIR overrides) the first time, a no-op after.
+syft-tools:
+	$(PYTHON) scripts/build_syft.py
+
+# Debian's packages that build the images (debootstrap, umoci, skopeo) and run them (runc), installed when
+# missing as observability-tools does; after it, so that the two never wait on apt's lock at once. Without
+# root it says what is missing and goes on: the tests that run the images fail naming it.
+IMAGE_TOOLS := debootstrap umoci skopeo runc flock
+IMAGE_PACKAGES := debootstrap umoci skopeo runc util-linux
+image-packages: observability-tools
+	@missing=""; for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "error:$$missing not found; as root run: apt-get install -y --no-install-recommends $(IMAGE_PACKAGES)" >&2; \
+	    exit 0; \
+	  fi; \
+	  echo "installing $(IMAGE_PACKAGES) (missing:$$missing)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    -o DPkg::Lock::Timeout=300 $(IMAGE_PACKAGES) || { echo "error: apt-get could not install $(IMAGE_PACKAGES)" >&2; exit 1; }; \
+	fi
+
+# The release the tests read, install and run (tests/chart/release_build.py): scripts/release.py VERSION into
+# build/release from this tree as it is (--allow-dirty): the wheel, the chart package, the operator and proxy
+# images as OCI archives with their digests and SBOMs, the notes and SHA256SUMS. The images need root. Their
+# Debian and dependency layers are kept in ~/.cache/kvtune/images ($KVTUNE_IMAGE_CACHE overrides): the first
+# build takes minutes (debootstrap and the wheels, mostly downloading); after that only kvtune's own layer
+# is built again. Without root it builds nothing and says so: the tests that read the release then fail,
+# each saying why in one line, and the rest still run.
+RELEASE_DIR := build/release
+IMAGE_CACHE := $(or $(KVTUNE_IMAGE_CACHE),$(HOME)/.cache/kvtune/images)
+release-artifacts: $(STAMP) helm-tools syft-tools image-packages
+	rm -rf $(RELEASE_DIR)
+	@if [ "$$(id -u)" != 0 ]; then \
+	  echo "release-artifacts: not built: the images need root (debootstrap, chroot); the release and runtime tests will fail" >&2; \
+	else \
+	  $(BIN)/python scripts/release.py $$(sed -n 's/^version = "\([^"]*\)"/\1/p' pyproject.toml) --out $(RELEASE_DIR) \
+	    --allow-dirty --image-cache $(IMAGE_CACHE); \
+	fi
+
 # Everything the tests run, installed or built side by side: the Go builds keep the cores busy while pip
 # and npm mostly wait on downloads (on a fresh machine, about ten minutes less than one after another).
-TOOLS := observability-tools helm-tools helm4-tools vllm-harness k8s-tools monitoring-tools keda-tools router-tools
+TOOLS := observability-tools helm-tools helm4-tools vllm-harness k8s-tools monitoring-tools keda-tools router-tools \
+	syft-tools image-packages release-artifacts
 tools: $(STAMP)
 	$(MAKE) --no-print-directory -j$(words $(TOOLS)) $(TOOLS)
 

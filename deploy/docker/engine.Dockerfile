@@ -20,7 +20,9 @@ FROM python:3.11-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends g++ libgomp1 \
  && rm -rf /var/lib/apt/lists/* \
- && mkdir -p /cache && chown 65532:65532 /cache
+ && mkdir -p /cache && chown 65532:65532 /cache \
+ && echo 'kvtune:x:65532:65532::/cache:/usr/sbin/nologin' >> /etc/passwd \
+ && echo 'kvtune:x:65532:' >> /etc/group
 COPY --from=build /opt/kvtune /opt/kvtune
 # The root filesystem may be read-only: the tiny checkpoint and the compiled kernel go to /cache (the
 # chart mounts an emptyDir there).

@@ -15,7 +15,10 @@ COPY --from=build /opt/kvtune /opt/kvtune
 ENV PATH=/opt/kvtune/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-# A numeric non-root user, so that Kubernetes' runAsNonRoot can check it without a passwd lookup.
+# A numeric non-root user, so that Kubernetes' runAsNonRoot can check it without a passwd lookup, with a
+# passwd entry all the same: kopf (and getpass) look the user's name up and fail on a uid with none.
+RUN echo 'kvtune:x:65532:65532::/tmp:/usr/sbin/nologin' >> /etc/passwd \
+ && echo 'kvtune:x:65532:' >> /etc/group
 USER 65532:65532
 ENTRYPOINT ["kvtune"]
 CMD ["operator"]

@@ -31,12 +31,14 @@ from kubernetes import client, config
 
 from tests.chart.monitoring_crds import monitoring_crds
 from tests.chart.readme_blocks import readme_block
+from tests.chart.release_build import built_release
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvtune"
 WAIT_S = 90.0  # catches a hang; every wait ends as soon as its event happens
 # The registry a reader of the README pushed the operator's image to. Nothing pulls it: kwok "runs" pods
-# without containers, and the tests run the operator as a process on this machine.
+# without containers, and the tests run the operator as a process on this machine (test_images_runtime.py
+# runs the release's image itself, with runc).
 REGISTRY = "registry.example.com/platform"
 BLOCK_TIMEOUT_S = 300.0  # a README block that takes longer hangs (each normally ends in seconds)
 T = TypeVar("T")
@@ -156,11 +158,13 @@ class Cluster:
 
     def readme(self, block: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         """The README's shell block marked `<!-- e2e:BLOCK -->`, as written, in bash from the repository's
-        root, with REGISTRY set and helm and kubectl on PATH, as a reader would paste it (-e: the first
-        failing command fails it). It must end within `timeout` (a hang fails)."""
+        root, with REGISTRY and RELEASE (the release `make release-artifacts` built) set and helm and kubectl
+        on PATH, as a reader would paste it (-e: the first failing command fails it). It must end within
+        `timeout` (a hang fails)."""
         script = readme_block(block)
         tools = os.pathsep.join(dict.fromkeys(str(Path(tool(name)).parent) for name in ("helm", "kubectl")))
-        env = {**self.env(), "REGISTRY": REGISTRY, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {**self.env(), "REGISTRY": REGISTRY, "RELEASE": str(built_release()),
+               "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
         try:
             done = subprocess.run(["bash", "-e", "-u", "-o", "pipefail", "-c", script], capture_output=True,
                                   text=True, timeout=timeout, env=env, cwd=REPO)  # fmt: skip

@@ -29,6 +29,7 @@ import yaml
 from kvtune.harness.server import ServerProcess
 from tests.chart.helm import CHART, template
 from tests.chart.matrix import MATRIX
+from tests.chart.release_build import digest
 from tests.e2e.cluster import (
     REGISTRY,
     Cluster,
@@ -160,7 +161,7 @@ def test_the_install_block_installs_the_release_it_describes(fresh: Cluster, wor
     operator = fresh.get("deployment", name, system)
     (pod,) = operator["spec"]["template"]["spec"]["containers"]
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
-    assert pod["image"] == f"{REGISTRY}/kvtune-operator:{version}"
+    assert pod["image"] == f"{REGISTRY}/kvtune-operator:{version}@{digest('operator')}"  # pinned by digest
     assert pod["args"][pod["args"].index("--max-mode") + 1] == "Recommend"  # the chart's default ceiling
     assert pod["args"][pod["args"].index("--namespace") + 1] == namespace
     # the check `helm install` prints: the operator's Deployment rolls out
