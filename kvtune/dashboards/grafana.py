@@ -2,7 +2,8 @@
 
 The SDK is pinned to its Grafana 11.6 build (schemaVersion 41, which newer Grafanas migrate on load); an
 unpinned install picks the 10.1 build. The datasource is the `datasource` variable, never a fixed uid, so
-the same JSON loads into any Grafana.
+the same JSON loads into any Grafana. Each dashboard links to the other two (keeping the time range and the
+variables) and shares its crosshair across its panels, so one moment can be followed from panel to panel.
 """
 
 from __future__ import annotations
@@ -11,22 +12,35 @@ import json
 import re
 from typing import Any
 
-from grafana_foundation_sdk.builders.common import VizLegendOptions
+from grafana_foundation_sdk.builders.common import GraphThresholdsStyleConfig, VizLegendOptions
 from grafana_foundation_sdk.builders.dashboard import (
     AnnotationQuery,
     Dashboard,
+    DashboardLink,
     DatasourceVariable,
+    FieldColor,
     QueryVariable,
     Row,
+    ThresholdsConfig,
 )
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement
+from grafana_foundation_sdk.models.common import (
+    GraphGradientMode,
+    GraphThresholdsStyleMode,
+    LegendDisplayMode,
+    LegendPlacement,
+)
 from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardLinkType,
     DataSourceRef,
     DynamicConfigValue,
+    FieldColorModeId,
     GridPos,
+    Threshold,
+    ThresholdsMode,
     VariableOption,
     VariableRefresh,
     VariableSort,
@@ -90,6 +104,38 @@ def _annotation(name: str, expr: str, color: str) -> AnnotationQuery:
     return AnnotationQuery().name(name).datasource(DATASOURCE).expr(expr).enable(True).icon_color(color)
 
 
+def _link(uid: str) -> DashboardLink:
+    """A link to another kvtune dashboard by its uid (Grafana prefixes its sub-path to a URL that starts with
+    `/`), carrying the time range and every variable, so the view moves with the reader."""
+    return (
+        DashboardLink(TITLES[uid])
+        .type(DashboardLinkType.LINK)
+        .url(f"/d/{uid}")
+        .tooltip(DESCRIPTIONS[uid])
+        .icon("dashboard")
+        .keep_time(True)
+        .include_vars(True)
+        .target_blank(False)
+    )
+
+
+def _with_thresholds(panel: Timeseries, thresholds: p.Thresholds) -> Timeseries:
+    """The steps over a healthy base: transparent under bands (nothing drawn where all is well), green under
+    coloured series (a line at zero is healthy, and shows it)."""
+    base = "transparent" if thresholds.style == p.BANDS else "green"
+    steps = [Threshold(value=None, color=base), *(Threshold(value=v, color=c) for v, c in thresholds.steps)]
+    panel = panel.thresholds(ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(steps))
+    if thresholds.style == p.BANDS:
+        return panel.thresholds_style(
+            GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.DASHED_AND_AREA)
+        )
+    return (
+        panel.color_scheme(FieldColor().mode(FieldColorModeId.THRESHOLDS))
+        .gradient_mode(GraphGradientMode.SCHEME)
+        .thresholds_style(GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.OFF))
+    )
+
+
 def _panel(spec: p.PanelSpec, panel_id: int, x: int, y: int) -> Timeseries:
     panel = (
         Timeseries()
@@ -107,6 +153,10 @@ def _panel(spec: p.PanelSpec, panel_id: int, x: int, y: int) -> Timeseries:
             .placement(LegendPlacement.BOTTOM)
         )
     )
+    if spec.unit == p.RATIO:
+        panel = panel.max(1)  # the pool: a ratio's axis always shows where full is
+    if spec.thresholds is not None:
+        panel = _with_thresholds(panel, spec.thresholds)
     for index, target in enumerate(spec.targets):
         ref_id = chr(ord("A") + index)
         panel = panel.with_target(
@@ -134,6 +184,8 @@ def build_dashboard(uid: str) -> Dashboard:
         .refresh("30s")
         .time("now-1h", "now")
         .timezone("browser")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .links([_link(other) for other in dashboard_uids() if other != uid])
         .with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
     )
     used = {name for spec in specs for target in spec.targets for name in _variables_in(target.expr)}
@@ -164,7 +216,8 @@ def build_dashboard(uid: str) -> Dashboard:
 
 
 def _variables_in(expr: str) -> list[str]:
-    return re.findall(r"\$([a-z_]+)", expr)
+    """The dashboard variables a query uses; Grafana's own (`$__rate_interval`) are not the dashboard's."""
+    return [name for name in re.findall(r"\$([a-z_]+)", expr) if not name.startswith("__")]
 
 
 def dashboard_uids() -> list[str]:

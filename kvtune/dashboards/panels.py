@@ -22,10 +22,16 @@ OPERATOR = 'namespace=~"$namespace", policy=~"$policy"'
 RATIO = "percentunit"
 SECONDS = "s"
 PER_SECOND = "reqps"
+EVALUATIONS_PER_SECOND = "suffix: evaluations/s"
 COUNT = "short"
+ROLLBACKS = "suffix: rollbacks"
 TOKENS = "suffix: tokens"
 SEQUENCES = "suffix: sequences"
 TIMESTAMP_AGE = "s"
+
+# Grafana's own interval variable: the window a rate or increase takes, sized by Grafana from the zoom and the
+# data source's scrape interval, so a counter's steps are never skipped between two points.
+RATE_INTERVAL = "$__rate_interval"
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,37 @@ class Target:
     unit: str
 
 
+# How a panel shows its thresholds: `bands` shades each step behind the series (a ratio against a fixed pool,
+# whose axis runs 0 to 1), `series` colours each line by the step its value is in (a rate whose healthy value
+# is zero: a shaded band above a floor near zero would fill an idle panel).
+BANDS = "bands"
+SERIES = "series"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where a panel's value means trouble: each step (from, Grafana colour) starts at its value and holds
+    until the next one; below the first step the value is healthy."""
+
+    steps: tuple[tuple[float, str], ...]
+    style: str
+
+
+# Any value off the floor. One preemption (or cap hit, or error) in a 5-minute rate is 1/300 = 0.0033/s, so a
+# step at 0.001/s (vLLM's own KV-cache dashboard puts preemptions/s at orange from 0.001) turns on the first.
+OFF_THE_FLOOR = 0.001
+# The design's rule: any preemption is the alert (KVCachePreemptions), so any preemption is red.
+ANY_PREEMPTION = Thresholds(((OFF_THE_FLOOR, "red"),), SERIES)
+# Worth a look, not an emergency: a clamped request (the cap at work, answers possibly cut), a failed
+# evaluation, a defeated prefix, a rollback (each a ticket at most).
+ANY_AT_ALL = Thresholds(((OFF_THE_FLOOR, "orange"),), SERIES)
+# KV usage near the pool. Paging is built to run the pool near full (the seed's estimate: about 95% of the
+# cache in use, seeds/002 §2.2.11), so 0.9 is a warning, not trouble: llm-d reads "above 0.9" as nearly full,
+# and vLLM's KV-cache dashboard marks orange from 0.9 and red from 0.98, the last blocks before preemption.
+# KVCacheSaturated fires at 0.95 only with requests waiting, for 10 minutes.
+KV_NEAR_THE_POOL = Thresholds(((0.9, "orange"), (0.98, "red")), BANDS)
+
+
 @dataclass(frozen=True)
 class PanelSpec:
     dashboard_uid: str
@@ -45,6 +82,7 @@ class PanelSpec:
     title: str
     description: str
     targets: tuple[Target, ...]
+    thresholds: Thresholds | None = None
 
     @property
     def unit(self) -> str:
@@ -95,22 +133,26 @@ def _kv_cache() -> list[PanelSpec]:
             "KV cache",
             "KV cache usage",
             "Share of the KV cache's blocks held by running requests. Healthy: below 0.9 most of the time; "
-            "at 1.0 with requests waiting the pool is too small for the concurrency and preemption follows.",
+            "at 1.0 with requests waiting the pool is too small for the concurrency and preemption follows. "
+            "Shaded orange from 0.9, red from 0.98 (the last blocks).",
             (
                 Target(f"max by (pod) (kvtune_engine:kv_usage:ratio{{{ENGINE}}})", "{{pod}}", RATIO),
                 Target(f"avg(kvtune_engine:kv_usage:ratio{{{ENGINE}}})", "mean of all pods", RATIO),
             ),
+            KV_NEAR_THE_POOL,
         ),
         PanelSpec(
             d,
             "KV cache",
             "Preemptions per second",
             "Running requests evicted to free KV blocks (they recompute from their prompt). Healthy: exactly "
-            "zero; any preemption means max_num_seqs (or max_tokens) admits more than the cache holds.",
+            "zero; any preemption means max_num_seqs (or max_tokens) admits more than the cache holds, and turns "
+            "the line red.",
             (
                 Target(f"sum by (pod) (kvtune_engine:preemptions:rate5m{{{ENGINE}}})", "{{pod}}", PER_SECOND),
                 Target(f"sum(kvtune_engine:preemptions:rate5m{{{ENGINE}}})", "all pods", PER_SECOND),
             ),
+            ANY_PREEMPTION,
         ),
         PanelSpec(
             d,
@@ -139,6 +181,7 @@ def _kv_cache() -> list[PanelSpec]:
                     f"sum(kvtune_engine:preemptions:rate5m{{{ENGINE}}})", "preemptions, all pods", PER_SECOND
                 ),
             ),
+            ANY_PREEMPTION,
         ),
         PanelSpec(
             d,
@@ -155,6 +198,7 @@ def _kv_cache() -> list[PanelSpec]:
                     PER_SECOND,
                 ),
             ),
+            ANY_PREEMPTION,
         ),
         PanelSpec(
             d,
@@ -238,6 +282,7 @@ def _kv_cache() -> list[PanelSpec]:
                     PER_SECOND,
                 ),
             ),
+            ANY_AT_ALL,
         ),
         PanelSpec(
             d,
@@ -278,7 +323,8 @@ def _kv_cache() -> list[PanelSpec]:
             "Requests",
             "Capped requests",
             "Requests whose max_tokens the cap lowered, per mode (kvtune proxy or engine; no data is expected "
-            "without one). Healthy: zero without a cap; with one, a steady share and no rise in truncated answers.",
+            "without one). Healthy: zero without a cap; with one, a steady share and no rise in truncated answers. "
+            "Orange from the first cap hit: each one is an answer that may end short.",
             (
                 Target(
                     f"sum by (mode) (kvtune_engine:capped_requests:rate5m{{{ENGINE}}})",
@@ -286,6 +332,7 @@ def _kv_cache() -> list[PanelSpec]:
                     PER_SECOND,
                 ),
             ),
+            ANY_AT_ALL,
         ),
     ]
 
@@ -392,13 +439,18 @@ def _operator() -> list[PanelSpec]:
         PanelSpec(
             d,
             "Health",
-            "Rollbacks",
-            "Actions undone because the engine got worse. Healthy: flat.",
+            "Rollbacks in each interval",
+            "Actions undone because the engine got worse, counted over Grafana's rate interval (the counter's "
+            "increase, so an operator restart does not reset the line). Healthy: zero; each rollback is a "
+            "KVTuneRollback ticket.",
             (
                 Target(
-                    f"sum by (policy) (kvtune_operator_rollbacks_total{{{OPERATOR}}})", "{{policy}}", COUNT
+                    f"sum by (policy) (increase(kvtune_operator_rollbacks_total{{{OPERATOR}}}[{RATE_INTERVAL}]))",
+                    "{{policy}}",
+                    ROLLBACKS,
                 ),
             ),
+            ANY_AT_ALL,
         ),
         PanelSpec(
             d,
@@ -410,14 +462,15 @@ def _operator() -> list[PanelSpec]:
                 Target(
                     f"sum by (policy, kind) (rate(kvtune_operator_errors_total{{{OPERATOR}}}[5m]))",
                     "error {{kind}} {{policy}}",
-                    PER_SECOND,
+                    EVALUATIONS_PER_SECOND,
                 ),
                 Target(
                     f"sum by (policy) (rate(kvtune_operator_no_data_total{{{OPERATOR}}}[5m]))",
                     "no data {{policy}}",
-                    PER_SECOND,
+                    EVALUATIONS_PER_SECOND,
                 ),
             ),
+            ANY_AT_ALL,
         ),
         PanelSpec(
             d,

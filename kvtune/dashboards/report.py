@@ -54,8 +54,20 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * SECONDS_PER[match.group(2)]
 
 
-def all_variables(expr: str) -> str:
-    """The query with every dashboard variable at "All" (`.*`, which also matches a missing label)."""
+# Grafana's $__rate_interval for its default 15 s scrape: the larger of four scrapes and a step plus one.
+SCRAPE_INTERVAL_S = 15
+
+
+def rate_interval(step: float = 0.0) -> str:
+    """What Grafana puts in `$__rate_interval` for a query at `step` seconds: a window that never skips a
+    counter's step between two points."""
+    return f"{math.ceil(max(4 * SCRAPE_INTERVAL_S, step + SCRAPE_INTERVAL_S))}s"
+
+
+def all_variables(expr: str, step: float = 0.0) -> str:
+    """The query with every dashboard variable at "All" (`.*`, which also matches a missing label), and
+    Grafana's rate interval as Grafana would size it for `step`."""
+    expr = expr.replace(p.RATE_INTERVAL, rate_interval(step))
     return re.sub(r"\$[a-z_]+", ".*", expr)
 
 
@@ -93,7 +105,7 @@ class Prometheus:
 def fetch_panel(prom: Prometheus, spec: p.PanelSpec, start: float, end: float, step: float) -> list[Series]:
     series = []
     for target in spec.targets:
-        for item in prom.query_range(all_variables(target.expr), start, end, step):
+        for item in prom.query_range(all_variables(target.expr, step), start, end, step):
             labels = item.get("metric", {})
             points = [
                 (float(t), float(v))

@@ -27,15 +27,14 @@ RATE_WINDOW = "5m"
 # One page per alert under docs/runbooks/, at this release's tag (a test resolves every one to its file).
 RUNBOOK_BASE = f"https://github.com/kvtune/kvtune/blob/v{__version__}/docs/runbooks"
 RUNBOOK_DIR = "docs/runbooks"
-# Zero-install: the operator's image holds `kvtune doctor`, so on-call runs it where the operator runs. Spelt
-# for the chart's defaults (release "kvtune" in "kvtune-system"); the chart rewrites the namespace, the
-# Deployment and <PROMETHEUS_URL> for its release (monitoring.prometheusRule.prometheusUrl).
-DOCTOR_EXEC = "kubectl -n kvtune-system exec deploy/kvtune --"
+# On-call runs the doctor from a laptop (through a port-forward to Prometheus) or from a Job with no rights,
+# never by exec into the operator, whose token may patch workloads (docs/runbooks/README.md). The chart
+# fills in <PROMETHEUS_URL> for its release (monitoring.prometheusRule.prometheusUrl).
 PROMETHEUS_PLACEHOLDER = "<PROMETHEUS_URL>"
 
 
 def doctor_command(selector: str) -> str:
-    return f"{DOCTOR_EXEC} kvtune doctor --prometheus {PROMETHEUS_PLACEHOLDER} --selector '{selector}' --since 1h"
+    return f"kvtune doctor --prometheus {PROMETHEUS_PLACEHOLDER} --selector '{selector}' --since 1h"
 
 
 DOCTOR_COMMAND = doctor_command('namespace="{{ $labels.namespace }}",pod="{{ $labels.pod }}"')
@@ -44,6 +43,16 @@ DOCTOR_COMMAND = doctor_command('namespace="{{ $labels.namespace }}",pod="{{ $la
 # it one evaluation later (KVCachePreemptions up to three intervals after the first preempted scrape, not two).
 ENGINE_GROUP = "kvtune-engine.rules"
 OPERATOR_ALERT_GROUP = "kvtune-operator.alerts"
+# The tickets about what the operator did or left undone. A rollback stays firing for this long after it
+# happened (then resolves by itself), so it reaches a ticket queue however Alertmanager groups it.
+ROLLBACK_WINDOW = "1h"
+# A recommendation nobody applied for this long (Recommend mode, or Apply held at Recommend by maxMode)
+# is a ticket: long enough to be a decision not taken, not a change still in review.
+RECOMMENDATION_PENDING_DAYS = 3
+SECONDS_PER_DAY = 86400
+# A pending recommendation's alert outlives a gap in the operator's series (a restart) by this much, so the
+# gap does not resolve and then re-open the ticket.
+PENDING_KEEP_FIRING_FOR = "15m"
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ class AlertRule:
     description: str
     doctor: str | None = DOCTOR_COMMAND  # None: no doctor command helps (the operator itself is down)
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    keep_firing_for: str | None = None  # rides out a short gap in the series it reads
 
     @property
     def runbook_url(self) -> str:
@@ -328,6 +338,56 @@ def operator_alert_rules() -> list[AlertRule]:
             ),
             doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
         ),
+        *ticket_alert_rules(),
+    ]
+
+
+def ticket_alert_rules() -> list[AlertRule]:
+    """What the operator did, or advised and nobody did: tickets for the people who own the policy. The
+    pending recommendation reads `kvtune_operator_recommendation_pending_since_timestamp_seconds`, the
+    earliest of the operator's replicas (a restart seeds it from the policy's history)."""
+    where = "{{ $labels.namespace }}/{{ $labels.policy }}"
+    window_s = RECOMMENDATION_PENDING_DAYS * SECONDS_PER_DAY
+    return [
+        AlertRule(
+            alert="KVTuneRollback",
+            expr=f"sum by (namespace, policy) (increase(kvtune_operator_rollbacks_total[{ROLLBACK_WINDOW}])) > 0",
+            for_="0s",
+            severity="warning",
+            summary="kvtune operator rolled back a change on " + where,
+            description=(
+                f"The kvtune operator rolled back a change it had applied to policy {where} in the last "
+                f"{ROLLBACK_WINDOW}: the engine got worse in the evaluation window after it (goodput fell, or "
+                "preemptions rose against the forecast), so the operator put the value back. The engine "
+                "runs as before the change. A ticket, not a page: the policy's history says what was tried "
+                "and on what evidence, before the operator tries again."
+            ),
+            doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
+        ),
+        AlertRule(
+            alert="KVTuneRecommendationPending",
+            expr=(
+                "time()\n- min by (namespace, policy, knob) "
+                "(kvtune_operator_recommendation_pending_since_timestamp_seconds)\n"
+                f"> {window_s}"
+            ),
+            for_="0s",
+            severity="warning",
+            summary=(
+                "kvtune recommendation for {{ $labels.knob }} on " + where + " pending for more than "
+                f"{RECOMMENDATION_PENDING_DAYS} days"
+            ),
+            description=(
+                f"The kvtune operator has recommended a new {{{{ $labels.knob }}}} for policy {where} for "
+                "{{ $value | humanizeDuration }}, and the engine still runs its old value: the policy is in "
+                "Recommend mode, maxMode holds it there, or the operator yielded to another field manager "
+                "(YieldedToFieldManager), and nobody has applied or declined the change. A ticket, not a "
+                "page: apply the recommended value (the policy's status.recommended), or change the policy so "
+                "it stops."
+            ),
+            doctor=doctor_command('namespace="{{ $labels.namespace }}"'),
+            keep_firing_for=PENDING_KEEP_FIRING_FOR,
+        ),
     ]
 
 
@@ -352,6 +412,7 @@ def _rule_dict(rule: RecordingRule | AlertRule) -> dict[str, object]:
         "alert": rule.alert,
         "expr": rule.expr,
         "for": rule.for_,
+        **({"keep_firing_for": rule.keep_firing_for} if rule.keep_firing_for else {}),
         "labels": {"severity": rule.severity, **rule.extra_labels},
         "annotations": annotations,
     }

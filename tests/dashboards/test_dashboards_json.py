@@ -18,6 +18,7 @@ from kvtune.dashboards import panels as p
 from kvtune.dashboards.build import REBUILD_COMMAND, drift, rendered
 from kvtune.dashboards.command import CHART_COPY_DIR
 from kvtune.dashboards.report import all_variables
+from kvtune.observability.rules import alert_rules
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "dashboards"
@@ -117,7 +118,7 @@ def test_variables_are_present_and_every_used_one_is_defined(uid: str) -> None:
     exprs = [t["expr"] for panel in graph_panels(dashboard) for t in panel["targets"]]
     exprs += [a["expr"] for a in dashboard["annotations"]["list"]]
     exprs += [v["query"] for v in variables.values() if v["type"] == "query"]
-    used = {name for expr in exprs for name in re.findall(r"\$([a-z_]+)", expr)}
+    used = {name for expr in exprs for name in re.findall(r"\$([a-z_]+)", expr) if not name.startswith("__")}
     assert used <= set(variables), used - set(variables)
 
 
@@ -221,6 +222,118 @@ def test_the_sdk_decodes_the_committed_json_into_its_typed_models(uid: str) -> N
         assert isinstance(panel.options, Options)
         assert panel.targets and all(isinstance(target, Dataquery) for target in panel.targets)
     again = json.loads(JSONEncoder(sort_keys=True).encode(decoded))
-    for panel in graph_panels(again):
-        assert panel["fieldConfig"]["defaults"].pop("custom") == {}
+    for panel, before in zip(graph_panels(again), graph_panels(original), strict=True):
+        defaults, expected = panel["fieldConfig"]["defaults"], before["fieldConfig"]["defaults"]
+        assert defaults["custom"] == expected.get("custom", {})
+        if "custom" not in expected:
+            del defaults["custom"]
     assert again == original
+
+
+# Grafana's unit ids the panels use; anything else must be a custom `suffix:` unit with its word.
+GRAFANA_UNITS = {"percentunit", "s", "reqps", "short"}
+
+
+def _known_unit(unit: object) -> bool:
+    return unit in GRAFANA_UNITS or (isinstance(unit, str) and bool(re.fullmatch(r"suffix: \S.*", unit)))
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_every_panel_and_every_second_axis_has_a_known_unit(uid: str) -> None:
+    for panel in graph_panels(committed(uid)):
+        assert _known_unit(panel["fieldConfig"]["defaults"].get("unit")), panel["title"]
+        for override in panel["fieldConfig"]["overrides"]:
+            units = [prop["value"] for prop in override["properties"] if prop["id"] == "unit"]
+            assert units and all(_known_unit(unit) for unit in units), panel["title"]
+
+
+def _panel(uid: str, title: str) -> dict[str, Any]:
+    (found,) = [panel for panel in graph_panels(committed(uid)) if panel["title"] == title]
+    return found
+
+
+def _steps(panel: dict[str, Any]) -> list[tuple[float | None, str]]:
+    thresholds = panel["fieldConfig"]["defaults"]["thresholds"]
+    assert thresholds["mode"] == "absolute", panel["title"]
+    return [(step["value"], step["color"]) for step in thresholds["steps"]]
+
+
+ONE_EVENT_IN_A_5M_RATE = 1 / 300
+
+
+def test_any_preemption_is_red() -> None:
+    """The design's rule (any preemption is the alert) on every preemption-rate panel: one preemption in the
+    5-minute rate already crosses into red, and each line turns red itself (colour by threshold)."""
+    for title in ("Preemptions per second", "Requests preempted more than once", "Preemptions by reason"):
+        panel = _panel(p.KV_CACHE_UID, title)
+        (base, (red_from, red)) = _steps(panel)
+        assert base == (None, "green") and red == "red", title
+        assert 0 < red_from <= ONE_EVENT_IN_A_5M_RATE, title
+        assert panel["fieldConfig"]["defaults"]["color"] == {"mode": "thresholds"}, title
+        assert panel["fieldConfig"]["defaults"]["custom"]["gradientMode"] == "scheme", title
+
+
+def test_kv_usage_near_the_pool_is_banded_orange_then_red() -> None:
+    panel = _panel(p.KV_CACHE_UID, "KV cache usage")
+    assert _steps(panel) == [(None, "transparent"), (0.9, "orange"), (0.98, "red")]
+    assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off"
+    assert panel["fieldConfig"]["defaults"]["max"] == 1  # the pool: the bands sit where full is
+    # KVCacheSaturated's usage sits in the orange band: with requests waiting for 10 minutes it is a ticket
+    (saturated,) = [a for a in alert_rules() if a.alert == "KVCacheSaturated"]
+    usage = float(re.findall(r"kv_usage:ratio > ([0-9.]+)", saturated.expr)[0])
+    assert 0.9 <= usage < 0.98
+
+
+def test_cap_hits_errors_defeats_and_rollbacks_turn_orange_from_the_first() -> None:
+    for uid, title in (
+        (p.KV_CACHE_UID, "Capped requests"),
+        (p.KV_CACHE_UID, "Prefix-cache defeats by reason"),
+        (p.OPERATOR_UID, "Errors and no-data per second"),
+        (p.OPERATOR_UID, "Rollbacks in each interval"),
+    ):
+        panel = _panel(uid, title)
+        (base, (orange_from, orange)) = _steps(panel)
+        assert base == (None, "green") and orange == "orange", title
+        assert 0 < orange_from <= ONE_EVENT_IN_A_5M_RATE, title
+        assert panel["fieldConfig"]["defaults"]["color"] == {"mode": "thresholds"}, title
+
+
+def test_panels_with_thresholds_show_them() -> None:
+    """A threshold Grafana never draws is no threshold: bands need a thresholdsStyle, series a colour mode."""
+    specs = [spec for spec in p.all_panels() if spec.thresholds is not None]
+    assert len(specs) >= 8
+    for spec in specs:
+        defaults = _panel(spec.dashboard_uid, spec.title)["fieldConfig"]["defaults"]
+        assert spec.thresholds is not None
+        if spec.thresholds.style == p.BANDS:
+            assert defaults["custom"]["thresholdsStyle"]["mode"] in {"area", "line+area", "dashed+area"}
+        else:
+            assert defaults["color"]["mode"] == "thresholds", spec.title
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_each_dashboard_links_the_other_two_with_its_time_and_variables(uid: str) -> None:
+    dashboard = committed(uid)
+    assert dashboard["graphTooltip"] == 1  # a shared crosshair across the panels
+    links = dashboard["links"]
+    assert {link["url"] for link in links} == {f"/d/{other}" for other in UIDS if other != uid}
+    for link in links:
+        assert link["type"] == "link" and link["keepTime"] is True and link["includeVars"] is True, link
+        other = link["url"].removeprefix("/d/")
+        assert link["title"] == committed(other)["title"]
+
+
+def test_no_operator_counter_is_drawn_raw() -> None:
+    """A counter only climbs and restarts at zero with the operator: every panel reads the operator's
+    counters through rate() or increase()."""
+    counter = re.compile(r"(\w+)\((kvtune_operator_\w+_total)\{")
+    for query in p.all_panel_queries():
+        for name in re.findall(r"kvtune_operator_\w+_total", query.expr):
+            wrapped = {function for function, inner in counter.findall(query.expr) if inner == name}
+            assert wrapped and wrapped <= {"rate", "increase"}, f"{query.panel_title}: {query.expr}"
+
+
+def test_rollbacks_are_a_rate_over_grafanas_interval() -> None:
+    (query,) = [q for q in p.all_panel_queries() if "kvtune_operator_rollbacks_total" in q.expr]
+    assert "increase(kvtune_operator_rollbacks_total{" in query.expr and "[$__rate_interval]" in query.expr
+    assert all_variables(query.expr).endswith("[60s]))")  # Grafana's interval for a 15 s scrape

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kvtune.dashboards.report import all_variables
 from kvtune.harness.local_http import free_port
 from kvtune.operator.io.own_metrics import ERROR_APPLY, Evaluation, OperatorMetrics
 from tests.chart.helm import MONITORING_API, NAMESPACE, one, render
@@ -142,7 +143,7 @@ def test_the_namespace_variable_offers_the_policys_namespace(stack: LiveStack) -
 
 def test_every_operator_panel_has_data_for_the_policys_namespace(stack: LiveStack) -> None:
     queries = [
-        (panel["title"], target["expr"].replace("$namespace", POLICY_NAMESPACE).replace("$policy", ".*"))
+        (panel["title"], all_variables(target["expr"].replace("$namespace", POLICY_NAMESPACE)))
         for panel in operator_dashboard()["panels"]
         for target in panel.get("targets", [])
     ]

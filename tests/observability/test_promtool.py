@@ -106,7 +106,7 @@ def test_every_recording_rule_keeps_the_pod_labels() -> None:
 def test_every_alert_has_a_zero_install_doctor_and_a_severity_that_matches_its_words() -> None:
     for alert in rules.alert_rules() + rules.operator_alert_rules():
         if alert.doctor is not None:  # KVTuneOperatorDown: the operator's pod is what is down
-            assert alert.doctor.startswith("kubectl -n kvtune-system exec deploy/kvtune -- kvtune doctor ")
+            assert alert.doctor.startswith("kvtune doctor --prometheus ")
             assert alert.doctor.endswith(" --since 1h")
         assert alert.severity in {"warning", "critical"}
         pages = "pages" in alert.description and "not a page" not in alert.description

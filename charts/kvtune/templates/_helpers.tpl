@@ -104,11 +104,10 @@ seccompProfile:
 {{/* The rule groups of files/kvtune-rules.yaml as this release runs them: every raw engine series through
 monitoring.prometheusRule.engineSelector (in place of the file's own, `fileSelector`), alerts in
 monitoring.prometheusRule.disabled left out, its additionalRuleLabels added (an alert's own labels win), `for` overridden per alert,
-each runbook_url on runbookBaseUrl when set, and the doctor command aimed at this release's operator and
-Prometheus. The rules file spells the command for release "kvtune" in namespace "kvtune-system". */}}
+each runbook_url on runbookBaseUrl when set, and the doctor command aimed at this release's Prometheus
+(monitoring.prometheusRule.prometheusUrl). */}}
 {{- define "kvtune.ruleGroups" -}}
 {{- $values := .root.Values.monitoring.prometheusRule -}}
-{{- $exec := printf "kubectl -n %s exec deploy/%s --" .root.Release.Namespace (include "kvtune.fullname" .root) -}}
 {{- $selector := printf "{%s}" (join ", " $values.engineSelector) -}}
 {{- $fileSelector := .fileSelector -}}
 {{- $groups := list -}}
@@ -127,7 +126,7 @@ Prometheus. The rules file spells the command for release "kvtune" in namespace 
 {{- $_ := set $rule.annotations "runbook_url" (printf "%s/%s" (trimSuffix "/" .) $page) -}}
 {{- end -}}
 {{- with $rule.annotations.doctor -}}
-{{- $doctor := replace "kubectl -n kvtune-system exec deploy/kvtune --" $exec . -}}
+{{- $doctor := . -}}
 {{- with $values.prometheusUrl -}}
 {{- $doctor = replace "<PROMETHEUS_URL>" . $doctor -}}
 {{- end -}}

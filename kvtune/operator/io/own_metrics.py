@@ -3,8 +3,9 @@ advises (current and recommended knobs, the ladder's rung, the conditions, the c
 it last evaluated and how often it should, and when it could not act (errors, no data). Dashboards draw
 actions as annotations from `kvtune_operator_last_action_timestamp_seconds` and `changes()` of the actions
 counter; the `KVTuneOperatorCannotAct` alert reads the error and no-data counters, `KVTuneOperatorStalled`
-the last evaluation against the interval, and `KVTuneOperatorDown` the absence of `kvtune_operator_info`,
-which every running operator exports from its start, policies or not.
+the last evaluation against the interval, `KVTuneOperatorDown` the absence of `kvtune_operator_info`,
+which every running operator exports from its start, policies or not, `KVTuneRollback` the rollbacks
+counter, and `KVTuneRecommendationPending` since when a knob's advice has differed from the engine's value.
 
 The tuner and the ladder stay pure: the loop's edges (k8s.reconcile for kopf, io.local_metrics for --local) turn
 each tick into an `Evaluation` with `evaluation_of` and hand it to `OperatorMetrics.record`. The registry is
@@ -43,8 +44,9 @@ RESULTS = {
     "flagged": "recommended",
     "undone": "undone",
 }
-# the diagnosis' conditions, and whether the policy runs below its spec.mode
-CONDITIONS = (*CONDITION_TYPES, "ModeCapped")
+# the diagnosis' conditions, and the operator's own: below its spec.mode, no actuator, a change held by the
+# restart budget, and Ready, which sums them up
+CONDITIONS = (*CONDITION_TYPES, "ModeCapped", "ActuatorUnavailable", "ChangeHeld", "Ready")
 
 # errors_total's kinds
 ERROR_APPLY = "apply"  # the actuator refused a change the tuner decided
@@ -90,6 +92,21 @@ class Evaluation:
     # withdrawn: two autoscalers on the workload)
     desired_replicas: int | None = None
     demand_capacity_ratio: float | None = None
+    # knob -> when the policy's history recommended the value advised now: a pending recommendation's clock
+    # starts there after an operator restart (the history survives it in the policy's status)
+    recommended_at: Mapping[str, float] | None = None
+
+
+def recommended_at(state: TunerState, advised: Mapping[str, int | None]) -> dict[str, float]:
+    """knob -> the time of the latest "recommended" history entry for the value advised now."""
+    found: dict[str, float] = {}
+    for entry in state.history:
+        knob = entry.knob
+        if knob is None or entry.kind != "recommended":
+            continue
+        if knob in advised and entry.after == advised[knob]:
+            found[knob] = entry.at
+    return found
 
 
 def actions_of(previous: TunerState, tick: Tick) -> tuple[tuple[str, str], ...]:
@@ -149,7 +166,8 @@ def evaluation_of(
     return replace(base, current=current, recommended=advised, conditions=conditions,
                    ceiling_real=d.real_concurrency_ceiling, ceiling_boot_line=d.boot_line_concurrency,
                    predicted_preemptions_per_min=predicted, observed_preemptions_per_min=observed,
-                   prediction_misses=prediction.misses, objective=objective)  # fmt: skip
+                   prediction_misses=prediction.misses, objective=objective,
+                   recommended_at=recommended_at(tick.state, advised))  # fmt: skip
 
 
 class OperatorMetrics:
@@ -211,7 +229,13 @@ class OperatorMetrics:
                                     "process than the one followed (the metrics URL answers from more than "
                                     "one process): nothing is acted on until it answers from one",
                                     ["namespace", "policy"], registry=r)  # fmt: skip
+        self.pending = Gauge("kvtune_operator_recommendation_pending_since_timestamp_seconds", "Since when "
+                             "the operator has advised a knob value the engine does not run (absent while "
+                             "they agree): the age of a recommendation nobody applied",
+                             ["namespace", "policy", "knob"], registry=r)  # fmt: skip
         self._corrupt_seen: dict[tuple[str, str], tuple[str, ...]] = {}  # policy -> its corrupt series
+        self._pending_since: dict[tuple[str, str, str], float] = {}  # (namespace, policy, knob) -> since
+        self._pending_judged: set[tuple[str, str, str]] = set()  # told pending or not since this start
 
     def declare(self, namespace: str, policy: str) -> None:
         """Start the policy's counters at 0: `increase()` and `changes()` miss the first step of a series
@@ -276,6 +300,31 @@ class OperatorMetrics:
                 self._set(
                     self.objective, (namespace, policy, name), 1.0 if evaluation.objective == name else None
                 )
+            self._record_pending(namespace, policy, evaluation)
+
+    def _record_pending(self, namespace: str, policy: str, evaluation: Evaluation) -> None:
+        """Since when each knob's advice has differed from the engine's value, kept while it still differs
+        (the advice may move meanwhile: still not applied), gone once they meet or nothing is advised. An
+        evaluation that cannot tell (no data, the engine's value unknown) leaves it as it stands: a scrape
+        gap must not restart a clock that counts days. Only the first judgement after the operator starts
+        takes its start from the policy's history; later, a recommendation that appears is new."""
+        if evaluation.current is None or evaluation.recommended is None:
+            return
+        for knob in KNOBS:
+            key = (namespace, policy, knob)
+            current, advised = evaluation.current.get(knob), evaluation.recommended.get(knob)
+            if current is None and advised is not None:
+                continue
+            first = key not in self._pending_judged
+            self._pending_judged.add(key)
+            if advised is None or current == advised:
+                self._pending_since.pop(key, None)
+                self._remove(self.pending, key)
+                continue
+            if key not in self._pending_since:
+                history = (evaluation.recommended_at or {}) if first else {}
+                self._pending_since[key] = min(history.get(knob, evaluation.at), evaluation.at)
+            self.pending.labels(*key).set(self._pending_since[key])
 
     def record_error(self, namespace: str, policy: str, kind: str) -> None:
         """An error that stopped an evaluation before it produced an Evaluation."""
@@ -299,8 +348,12 @@ class OperatorMetrics:
             *[(self.preemptions, (kind,)) for kind in ("predicted", "observed")], (self.misses, ()),
             *[(self.objective, (name,)) for name in OBJECTIVES],
             (self.desired_replicas, ()), (self.load_ratio, ()),
+            *[(self.pending, (knob,)) for knob in KNOBS],
         ]  # fmt: skip
         with self._lock:
+            for knob in KNOBS:
+                self._pending_since.pop((namespace, policy, knob), None)
+                self._pending_judged.discard((namespace, policy, knob))
             corrupt = self._corrupt_seen.pop((namespace, policy), ())
             for metric, rest in [*children, *[(self.corrupt, (series,)) for series in corrupt]]:
                 self._remove(metric, (namespace, policy, *rest))
