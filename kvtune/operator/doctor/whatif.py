@@ -34,17 +34,30 @@ def _row(p: Prediction, marks: dict[int, str], current: int) -> dict[str, Any]:
     }
 
 
-def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Objective) -> dict[str, Any]:
-    """The what-if data for the report: the fit in one line, the rows, the picks, or why there is none."""
+def what_if_section(
+    samples: Sequence[Sample],
+    engine: EngineView,
+    objective: Objective,
+    *,
+    bounds: tuple[int, int] = (1, 1 << 20),
+    round_why: str = "",
+    unknown: str = "the engine's max_num_seqs is unknown (pass --max-num-seqs N)",
+    replicas: bool = True,
+) -> dict[str, Any]:
+    """The what-if data for the report: the fit in one line, the rows, the picks, or why there is none
+    (`unknown`: the one line that says which flag gives max_num_seqs). `bounds` are the policy's
+    [min, max] max_num_seqs, the ones the operator's tuner plans within. `replicas`: also size the replicas
+    this load needs, a what-if search of its own (about ten plans), which the operator too runs only when
+    asked (`spec.scaling`)."""
     if engine.max_num_seqs is None:
-        return {"insufficient": "the engine's max_num_seqs is unknown (pass --max-num-seqs)"}
+        return {"insufficient": unknown}
     window = Window.of(samples)
     fit = fit_from_window(window, engine)
     if isinstance(fit, Insufficient):
         return {"insufficient": str(fit)}
     current = engine.max_num_seqs
-    result = plan(fit, current, objective)
-    replicas = replicas_section(fit, window, objective)
+    result = plan(fit, current, objective, *bounds)
+    sized = replicas_section(fit, window, objective) if replicas else None
     objective = result.objective  # with the margin that covers this fit's error, as the tuner uses it
     rows = list(result.table)
     if all(p.candidate.max_num_seqs != current for p in rows):
@@ -67,6 +80,7 @@ def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Ob
         "confidence": fit.confidence,
         "objective": objective.describe(),
         "round_to": objective.round_to,
+        "round_to_why": round_why,
         "current": _row(result.current, {}, current),
         "observed_preemptions_per_min": fit.observed.preemptions_per_min,
         "observed_goodput_tokens_per_s": fit.observed.goodput,
@@ -76,7 +90,7 @@ def what_if_section(samples: Sequence[Sample], engine: EngineView, objective: Ob
         "no_preemption_pick": safe.max_num_seqs,
         "goodput_pick": best.max_num_seqs,
         "table": table_lines(rows, current, marks),
-        "replicas": replicas,
+        "replicas": sized,
     }
 
 
@@ -107,8 +121,9 @@ def what_if_text(section: dict[str, Any] | None) -> list[str]:
     if "insufficient" in section:
         return ["What-if: no table", f"      {section['insufficient']}"]
     current = section["current"]
+    why = f": {section['round_to_why']}" if section.get("round_to_why") else ""
     lines = [
-        f"What-if ({section['objective']} in force; max_num_seqs in multiples of {section['round_to']})",
+        f"What-if ({section['objective']} in force; max_num_seqs in multiples of {section['round_to']}{why})",
         f"  fitted workload: {section['workload']}",
         f"  at max_num_seqs {current['max_num_seqs']} (in force): predicted "
         f"{current['predicted_preemptions_per_min']:.1f} preemptions/min, observed "
