@@ -83,9 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-mode",
         choices=[m.value for m in Mode],
-        default=Mode.APPLY.value,
-        help="in cluster: the highest mode any KVTuningPolicy runs in; a policy asking for more runs at this "
-        "mode, with condition ModeCapped (the chart sets it from maxMode, Recommend by default)",
+        default=Mode.RECOMMEND.value,
+        help="in cluster: the highest mode any KVTuningPolicy runs in (default Recommend: acting is an explicit "
+        "choice); a policy asking for more runs at this mode, with condition ModeCapped (the chart sets it "
+        "from maxMode)",
     )
     parser.add_argument(
         "--delete-policies",

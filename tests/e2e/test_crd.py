@@ -53,6 +53,10 @@ BROKEN_RULES: list[tuple[dict[str, Any], str]] = [
     ({**GOOD, "metrics": {"prometheus": PROM, "proxyMetricsUrl": "http://proxy:8001/metrics"}},
      "proxyMetricsUrl goes with metricsUrl"),
     ({**GOOD, "bounds": {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}}, "minMaxNumSeqs > maxMaxNumSeqs"),
+    ({"target": KVTUNE, "metrics": GOOD["metrics"], "restartBudget": {"maxRestarts": 1}},
+     "restartBudget is for vllm and sglang targets"),
+    ({**GOOD, "restartBudget": {"maxRestarts": 1, "maintenanceWindow": {"start": "02:00", "end": "02:00"}}},
+     "a maintenance window needs an end different from its start"),
     ({"target": {"name": "llama", "engine": "vllm"}},
      "set metrics, or target.podEndpoints to read every pod's own /metrics"),
     ({"target": {"name": "llama", "engine": "vllm", "podEndpoints": PODS}, "metrics": GOOD["metrics"]},
@@ -138,10 +142,21 @@ def test_a_good_policy_gets_its_defaults_and_the_printer_columns(
     )
     status = {"mode": "Recommend", "current": {"maxNumSeqs": 64}, "recommended": {"maxNumSeqs": 24}, "conditions": [
         {"type": "Preempting", "status": "True", "reason": "PreemptionsObserved", "message": "1.50 preemptions/s",
+         "lastTransitionTime": "2026-12-02T00:00:00Z"},
+        {"type": "Ready", "status": "False", "reason": "NoMetrics", "message": "no engine answered",
          "lastTransitionTime": "2026-12-02T00:00:00Z"}]}  # fmt: skip
     client.CustomObjectsApi(cluster.api).patch_namespaced_custom_object_status(
         "kvtune.dev", "v1alpha1", NAMESPACE, "kvtuningpolicies", "good", {"status": status}
     )
     header, row = cluster.kubectl("get", "kvtp", "good", "-n", NAMESPACE).stdout.splitlines()
-    assert header.split() == ["NAME", "MODE", "RUNNING", "CURRENT", "RECOMMENDED", "PREEMPTING", "AGE"]
-    assert row.split()[:6] == ["good", "Recommend", "Recommend", "64", "24", "True"]
+    assert header.split() == [
+        "NAME",
+        "MODE",
+        "RUNNING",
+        "READY",
+        "CURRENT",
+        "RECOMMENDED",
+        "PREEMPTING",
+        "AGE",
+    ]
+    assert row.split()[:7] == ["good", "Recommend", "Recommend", "False", "64", "24", "True"]

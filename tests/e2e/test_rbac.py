@@ -3,15 +3,19 @@ for the chart's ServiceAccount, over every path of the recorded proof (tests/ope
 a kvtune workload through its pods' EndpointSlices (the admin-token Secret read by name, status, Events),
 an old vLLM Deployment patched through `--max-num-seqs`, a vLLM 0.32 StatefulSet patched through
 `--max-num-active-seqs`, and kopf's watching, annotations and peering. Every path acts and nothing is
-forbidden. A chart with one rule removed makes the operator fail clearly: the Event and the log name the
-verb and the resource the API server refused."""
+forbidden.
+
+Each maxMode's rights, as the authorizer answers the chart's ServiceAccount itself (SelfSubjectAccessReview,
+`kubectl auth can-i`): under Observe and Recommend it may write no workload of any kind; Apply, or
+`rbac.allowUndo` for an undo, adds `patch` on Deployments and StatefulSets and nothing else. An operator run
+above its release's maxMode (its --max-mode raised by hand) is refused that patch by the API server, and
+says so clearly: the Event and the log name the verb and the resource refused."""
 
 from __future__ import annotations
 
 import base64
 import json
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -62,14 +66,20 @@ def vllm_engines() -> Iterator[Any]:
         server.server_close()
 
 
+# Every workload kind, by API group, and every verb that writes one: none may be granted below Apply.
+WORKLOADS = ("deployments.apps", "statefulsets.apps", "daemonsets.apps", "replicasets.apps", "jobs.batch",
+             "cronjobs.batch", "pods")  # fmt: skip
+WRITES = ("create", "update", "patch", "delete")
+
+
 def install(
-    cluster: Cluster, release: str, namespace: str, chart: Path = CHART, secrets: tuple[str, ...] = ()
+    cluster: Cluster, release: str, namespace: str, secrets: tuple[str, ...] = (), max_mode: str = "Apply"
 ) -> None:
-    """A release allowed to act (maxMode=Apply, as the README's "Letting it act" says), watching
-    `namespace`, with the README's image repository."""
+    """A release watching `namespace`, with the README's image repository; allowed to act (maxMode=Apply, as
+    the README's "Letting it act" says) unless `max_mode` says otherwise."""
     cluster.namespace(namespace)
-    cluster.helm("install", release, str(chart), "--namespace", f"{release}-system", "--create-namespace",
-                 "--set", f"image.repository={REGISTRY}/kvtune-operator", "--set", "maxMode=Apply",
+    cluster.helm("install", release, str(CHART), "--namespace", f"{release}-system", "--create-namespace",
+                 "--set", f"image.repository={REGISTRY}/kvtune-operator", "--set", f"maxMode={max_mode}",
                  "--set-json", f"watchNamespaces={json.dumps([namespace])}",
                  "--set-json", f"adminTokenSecrets={json.dumps(list(secrets))}")  # fmt: skip
 
@@ -183,24 +193,61 @@ def test_every_path_of_the_rbac_proof_works_against_the_real_authorizer(
             pod.server_close()
 
 
-def chart_with(rule: str, instead: str, folder: Path) -> Path:
-    """A copy of the chart whose operator rules say `instead` where they say `rule` (in rbac.yaml)."""
-    chart = folder / "kvtune"
-    shutil.copytree(CHART, chart)
-    rbac = chart / "templates" / "rbac.yaml"
-    text = rbac.read_text()
-    assert text.count(rule) == 1, rule
-    rbac.write_text(text.replace(rule, instead))
-    return chart
+def can_i(cluster: Cluster, kubeconfig: Path, verb: str, resource: str, namespace: str) -> bool:
+    """The authorizer's answer to the ServiceAccount itself (a SelfSubjectAccessReview)."""
+    done = cluster.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, kubeconfig=kubeconfig, check=False
+    )
+    assert done.stdout.strip() in ("yes", "no"), (done.stdout, done.stderr)
+    return done.stdout.strip() == "yes"
 
 
-def test_a_missing_rule_fails_clearly(cluster: Cluster, vllm_engines: Any, tmp_path: Path) -> None:
-    """Without `patch` on deployments the operator still reads, decides and reports, and says exactly which
-    call the API server refused: the verb and the resource, in an Event on the policy and in its log."""
+def rights(cluster: Cluster, kubeconfig: Path, namespace: str) -> set[tuple[str, str]]:
+    """Every (verb, workload kind) write the ServiceAccount may make in `namespace`."""
+    return {(verb, resource) for resource in WORKLOADS for verb in WRITES
+            if can_i(cluster, kubeconfig, verb, resource, namespace)}  # fmt: skip
+
+
+PATCH_WORKLOADS = {("patch", "deployments.apps"), ("patch", "statefulsets.apps")}
+
+
+@pytest.mark.parametrize(
+    ("values", "writes"),
+    [
+        (("maxMode=Observe",), set()),
+        (("maxMode=Recommend",), set()),
+        (("maxMode=Recommend", "rbac.allowUndo=true"), PATCH_WORKLOADS),
+        (("maxMode=Apply",), PATCH_WORKLOADS),
+    ],
+    ids=["Observe", "Recommend", "Recommend+allowUndo", "Apply"],
+)
+def test_each_modes_rights_as_the_authorizer_answers(
+    cluster: Cluster, values: tuple[str, ...], writes: set[tuple[str, str]]
+) -> None:
+    """`helm upgrade` through the modes of one release: the writes on workloads its ServiceAccount may make
+    are exactly `writes`, and it may still read its Deployments and StatefulSets in every mode."""
+    namespace, release = "modes", "kvtune-modes"
+    system = f"{release}-system"
+    if cluster.helm("status", release, "--namespace", system, check=False).returncode != 0:
+        install(cluster, release, namespace, max_mode="Recommend")
+    settings = [arg for value in values for arg in ("--set", value)]
+    cluster.helm("upgrade", release, str(CHART), "--namespace", system, "--reuse-values",
+                 "--set", "rbac.allowUndo=false", *settings)  # fmt: skip
+    kubeconfig = cluster.service_account_kubeconfig(release, system)
+    # the RBAC authorizer reads Roles through an informer: the answer follows the upgrade within moments
+    wait_for(f"the rights of {values}", lambda: rights(cluster, kubeconfig, namespace) == writes)
+    assert all(can_i(cluster, kubeconfig, "get", kind, namespace) for kind in WORKLOADS[:2])
+
+
+def test_under_recommend_the_authorizer_refuses_the_operators_patch(
+    cluster: Cluster, vllm_engines: Any, tmp_path: Path
+) -> None:
+    """A release in Recommend (the chart's default) whose operator runs with its --max-mode raised to Apply
+    by hand: its patch of the Deployment is refused by the API server, nothing changes, and the operator
+    still reads, decides and reports, saying exactly which call was refused (the verb and the resource, in an
+    Event on the policy and in its log)."""
     namespace, release = "norule", "kvtune-norule"
-    rule = "  resources: [deployments, statefulsets]\n  verbs: [get, patch]\n"
-    chart = chart_with(rule, rule.replace("[get, patch]", "[get]"), tmp_path)
-    install(cluster, release, namespace, chart)
+    install(cluster, release, namespace, max_mode="Recommend")
     kwok_node(cluster, "norule-main", "norule")
     deployment = workload(
         "Deployment", "llama-vllm", namespace, OLD_VLLM_IMAGE, ["--model", "m", "--max-num-seqs=64"]
@@ -209,7 +256,11 @@ def test_a_missing_rule_fails_clearly(cluster: Cluster, vllm_engines: Any, tmp_p
     cluster.apply(
         deployment, policy("vllm", namespace, vllm_policy("Deployment", "llama-vllm", vllm_engines(None)))
     )
-    running = start_operator(cluster, release, namespace, tmp_path)
+    raised = chart_operator(cluster, release, f"{release}-system", tmp_path / "operator.log")
+    assert raised.args[raised.args.index("--max-mode") + 1] == "Recommend", raised.args  # the release's
+    raised.args[raised.args.index("--max-mode") + 1] = "Apply"
+    running = raised.start()
+    wait_until_peered(cluster, running, namespace, running.peering)
     try:
         refused = 'cannot patch resource "deployments" in API group "apps"'
         (failed,) = wait_for("an ApplyFailed Event", lambda: [

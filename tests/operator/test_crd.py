@@ -24,6 +24,7 @@ from kvtune.operator.k8s.crd import (
     KVTuningPolicySpec,
     KVTuningPolicyStatus,
     PredictionStatus,
+    TimingStatus,
     state_from_status,
     state_to_status,
 )
@@ -66,7 +67,7 @@ def test_crd_is_a_valid_custom_resource_definition() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:5] == ["Mode", "Running", "Current", "Recommended", "Preempting"]
+    assert columns[:6] == ["Mode", "Running", "Ready", "Current", "Recommended", "Preempting"]
 
 
 def walk(node: dict[str, Any], path: str = "$"):
@@ -163,8 +164,10 @@ def test_cross_field_rules_are_in_the_models_and_in_cel() -> None:
     ]
     # issue 15: podEndpoints (metricsPath, adminUrl, metrics and byPod rules), then its proxyPort (the
     # proxy token goes with proxyAdminUrl or podEndpoints.proxyPort, so the one "together" rule is two);
-    # issue 28: the Goodput objective's bound
-    assert len(rules) == 16
+    # issue 28: the Goodput objective's bound; issue 37: the restart budget's engine and its window
+    assert len(rules) == 18
+    assert "!has(self.restartBudget) || self.target.engine != 'kvtune'" in rules
+    assert "self.start != self.end" in rules
     assert "self.objective != 'Goodput' || has(self.p95QueueWaitBoundSeconds)" in rules
     assert "!has(self.proxyAdminUrl) || has(self.proxyAdminTokenSecretRef)" in rules
 
@@ -193,9 +196,12 @@ def test_defaults_fill_a_minimal_spec() -> None:
     # issue 28: prediction on, NoPreemption, and multiples of 8 for vLLM (its CUDA graphs), 1 elsewhere
     policy = spec.to_policy()
     assert policy.predict and policy.objective == "NoPreemption" and policy.round_to == 8
+    # issue 37: a vLLM change is a rolling restart of GPU pods: GPU-sized window and cooldown, no budget
+    assert (policy.evaluation_window_s, policy.cooldown_s, policy.restart_budget) == (300.0, 1800.0, None)
     kvtune = {**minimal, "target": {"name": "m", "engine": "kvtune", "adminUrl": "http://m:8000",
                                      "adminTokenSecretRef": {"name": "t"}}}  # fmt: skip
-    assert KVTuningPolicySpec.model_validate(kvtune).to_policy().round_to == 1
+    live = KVTuningPolicySpec.model_validate(kvtune).to_policy()
+    assert live.round_to == 1 and (live.evaluation_window_s, live.cooldown_s) == (60.0, 60.0)
     cpu_vllm = KVTuningPolicySpec.model_validate({**minimal, "roundTo": 1, "objective": "Goodput",
                                                   "p95QueueWaitBoundSeconds": 2.5})  # fmt: skip
     goodput = cpu_vllm.to_policy()
@@ -245,3 +251,81 @@ def test_a_forecast_and_its_verdict_round_trip_through_status() -> None:
     jsonschema.validate({"spec": sample()["spec"], "status": dumped}, openapi_schema())
     assert dumped["prediction"]["forecast"]["predictedPreemptionsPerMinute"] == 0.0
     assert state_from_status(KVTuningPolicyStatus.model_validate(dumped)).prediction == prediction
+
+
+def spec_schema_property(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = openapi_schema()["properties"]["spec"]["properties"][name]
+    return found
+
+
+def test_the_engine_defaults_are_the_operators_not_the_api_servers() -> None:
+    """Issue 37: the CRD sets no default for the window and the cooldown (the API server would write 60 into
+    every policy, and a vLLM policy could not tell a stated 60 from a forgotten one); the operator resolves
+    them by engine, a stated value wins, and status says which were defaulted."""
+    for name, gpu in (("evaluationWindowSeconds", "300"), ("cooldownSeconds", "1800")):
+        assert "default" not in spec_schema_property(name)
+        assert f"Unset: {gpu} for vllm and sglang" in spec_schema_property(name)["description"]
+    spec = {**sample()["spec"]}
+    del spec["cooldownSeconds"]
+    parsed = KVTuningPolicySpec.model_validate(spec)
+    assert (parsed.to_policy().evaluation_window_s, parsed.to_policy().cooldown_s) == (120.0, 1800.0)
+    timing = TimingStatus.of(parsed)
+    assert timing.defaulted == ["cooldownSeconds"] and timing.evaluation_window_seconds == 120.0
+    jsonschema.validate(
+        {"spec": spec, "status": KVTuningPolicyStatus(timing=timing).dump()}, openapi_schema()
+    )
+
+
+BUDGET = {"maxRestarts": 2, "periodSeconds": 86400, "maintenanceWindow": {"start": "22:30", "end": "01:00"}}
+
+
+def test_a_restart_budget_validates_and_becomes_the_pure_budget() -> None:
+    spec = {**sample()["spec"], "restartBudget": BUDGET}
+    jsonschema.validate({"spec": spec}, openapi_schema())
+    budget = KVTuningPolicySpec.model_validate(spec).to_policy().restart_budget
+    assert budget is not None and (budget.max_restarts, budget.period_s) == (2, 86400.0)
+    assert budget.window is not None and budget.window.describe() == "22:30-01:00 UTC"
+    default_period = {**sample()["spec"], "restartBudget": {"maxRestarts": 1}}
+    assert KVTuningPolicySpec.model_validate(default_period).restart_budget.period_seconds == 86400  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        {"maxRestarts": 0},
+        {"maxRestarts": 1, "periodSeconds": 10},
+        {"maxRestarts": 1, "maintenanceWindow": {"start": "2:00", "end": "05:00"}},
+        {"maxRestarts": 1, "maintenanceWindow": {"start": "02:00", "end": "24:00"}},
+        {"maxRestarts": 1, "maintenanceWindow": {"start": "02:00"}},
+        {"periodSeconds": 3600},
+    ],
+)
+def test_schema_and_models_reject_the_same_bad_budgets(budget: dict[str, Any]) -> None:
+    spec = {**sample()["spec"], "restartBudget": budget}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"spec": spec}, openapi_schema())
+    with pytest.raises(pydantic.ValidationError):
+        KVTuningPolicySpec.model_validate(spec)
+
+
+def test_the_cross_field_budget_rules_are_in_the_models_and_in_cel() -> None:
+    spec = sample()["spec"]
+    kvtune = {**spec, "target": {"name": "m", "engine": "kvtune", "adminUrl": "http://m:8000",
+                                 "adminTokenSecretRef": {"name": "t"}}, "restartBudget": BUDGET}  # fmt: skip
+    with pytest.raises(pydantic.ValidationError, match="restartBudget is for vllm and sglang"):
+        KVTuningPolicySpec.model_validate(kvtune)
+    empty = {**BUDGET, "maintenanceWindow": {"start": "02:00", "end": "02:00"}}
+    with pytest.raises(pydantic.ValidationError, match="an end different from its start"):
+        KVTuningPolicySpec.model_validate({**spec, "restartBudget": empty})
+    sglang = {**spec, "target": {**spec["target"], "engine": "sglang"}, "restartBudget": BUDGET}
+    assert KVTuningPolicySpec.model_validate(sglang).to_policy().restart_budget is not None
+
+
+def test_the_restarts_round_trip_through_status() -> None:
+    """Issue 37: the budget's memory survives an operator restart, so it is never spent twice."""
+    state = TunerState(restarts=(1000.5, 4600.25))
+    tuner, history = state_to_status(state)
+    dumped = KVTuningPolicyStatus(tuner_state=tuner, history=history).dump()
+    jsonschema.validate({"spec": sample()["spec"], "status": dumped}, openapi_schema())
+    assert dumped["tunerState"]["restarts"] == [1000.5, 4600.25]
+    assert state_from_status(KVTuningPolicyStatus.model_validate(dumped)).restarts == state.restarts

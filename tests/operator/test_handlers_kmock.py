@@ -337,6 +337,9 @@ async def test_unreachable_metrics_are_a_condition_not_an_action(kube: Optimisti
     assert workload == {
         "RolloutStalled": ("False", "RolloutComplete"),
         "ChangeReverted": ("False", "NotReverted"),
+        "ChangeHeld": ("False", "NoRestartBudget"),
+        "ActuatorUnavailable": ("False", "ActuatorBuilt"),
+        "Ready": ("False", "NoMetrics"),  # issue 37: the first thing in the way
     }
     assert [e["reason"] for e in our_events(kube)] == ["NoMetrics"]  # once, on the transition
     assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered

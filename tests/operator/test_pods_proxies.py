@@ -16,6 +16,7 @@ from kvtune.operator.decide.loop import reapply_desired
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.pooling import PoolState, pool
 from kvtune.operator.decide.ports import ActuatorResult
+from kvtune.operator.decide.restart_budget import RestartBudget
 from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.tuner import TunerState
 from kvtune.operator.io.actuators import ComposedActuator, FanOutActuator
@@ -159,7 +160,12 @@ def test_proxies_that_disagree_on_the_cap_are_all_put_back_to_the_desired_one() 
     held = actuator.current()
     assert held.ok and held.values == {"max_tokens_cap": None, "max_num_seqs": 64}
     assert held.split == {"max_tokens_cap"}  # the fan-out's disagreement survives the composition
-    state = TunerState(desired=(("max_tokens_cap", None),))
-    done = reapply_desired(actuator, TuningPolicy(mode=Mode.APPLY), state, held)
-    assert [(knob, value, result.ok) for knob, value, result in done] == [("max_tokens_cap", None, True)]
+    # a spent restart budget holds no live knob: the cap goes back on the proxies, uncounted (issue 37)
+    state = TunerState(desired=(("max_tokens_cap", None),), restarts=(0.0,))
+    policy = TuningPolicy(mode=Mode.APPLY, restart_budget=RestartBudget(1, 3600.0))
+    again = reapply_desired(actuator, policy, state, held, 10.0)
+    assert [(knob, value, result.ok) for knob, value, result in again.done] == [
+        ("max_tokens_cap", None, True)
+    ]
+    assert again.held is None and again.state.restarts == (0.0,)
     assert {name: proxy.cap for name, proxy in proxies.items()} == {"a": None, "b": None, "c": None}

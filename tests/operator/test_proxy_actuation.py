@@ -211,6 +211,11 @@ async def test_a_missing_proxy_secret_leaves_the_cap_a_recommendation(
     reasons = [e["reason"] for e in our_events(kube)]
     assert reasons.count("ActuatorUnavailable") == 1
     status = kube.objects[POLICIES, NS, "llama"]["status"]
+    # issue 37: a condition too, and the first thing in the way of Apply
+    found = {c["type"]: (c["status"], c["reason"], c["message"]) for c in status["conditions"]}
+    unavailable, ready = found["ActuatorUnavailable"], found["Ready"]
+    assert unavailable[:2] == ("True", "SecretUnreadable") and "llama-admin" in unavailable[2]
+    assert ready == ("False", "ActuatorUnavailable", unavailable[2])
     kinds = {(h["kind"], h["knob"]) for h in status["history"]}
     assert ("recommended", "max_tokens_cap") in kinds and ("applied", "max_num_seqs") in kinds
     assert read_flag(container_args(kube), "--max-num-seqs") != 64  # the Deployment's knob still moves

@@ -4,7 +4,13 @@ kmock, over every path that calls the Kubernetes API: a kvtune workload through 
 `--max-num-seqs`, a vLLM 0.32 StatefulSet patched through `--max-num-active-seqs`, and kopf's own watching,
 annotations and peering. Every call is recorded (tests/operator/api_calls.py) and compared, both ways, with
 the rules `helm template` renders: each call must be granted, and each grant used by some call. Namespaced,
-against the Role in the watched namespace; cluster-wide, against the ClusterRole."""
+against the Role in the watched namespace; cluster-wide, against the ClusterRole.
+
+Each mode has its own rights (issue 37): the same policies, all asking for Apply, run under the ceiling of
+each `maxMode`. Under Apply the operator patches its workloads; under Observe and Recommend it writes no
+workload, and the chart rendered with that maxMode grants exactly its calls (no `patch` on Deployments or
+StatefulSets). An undo under a Recommend ceiling patches the Deployment back: `rbac.allowUndo` grants that,
+and nothing without it does."""
 
 from __future__ import annotations
 
@@ -23,22 +29,30 @@ import kopf
 import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
+from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
+from kvtune.operator.decide.policy import Mode
 from kvtune.operator.io.own_metrics import OperatorMetrics
 from kvtune.operator.k8s.peering import kopf_peering_arguments
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import ApiCall, api_calls
 from tests.operator.helpers import reply
-from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube: the emulator fixture)
+from tests.operator.test_handlers_kmock import (  # noqa: F401  (kube, metrics_*: the emulator's fixtures)
     DEPLOYMENTS,
     NS,
     POLICIES,
     MetricsHandler,
     OptimisticEmulator,
     add_admin_secret,
+    add_deployment,
+    conditions,
+    container_args,
     kube,
+    metrics_server,
+    metrics_url,
     our_events,
     ours,
+    policy_spec,
 )
 from tests.operator.test_pods_kmock import Workload, kvtune_spec, workload  # noqa: F401  (fixture)
 
@@ -49,6 +63,7 @@ PEERINGS = kmock.resource("kopf.dev/v1/kopfpeerings")
 CLUSTER_PEERINGS = kmock.resource("kopf.dev/v1/clusterkopfpeerings")
 OLD_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"  # lacks --max-num-active-seqs: --max-num-seqs is patched
 STS_MAX_NUM_SEQS = 48
+POLICY_NAMES = ("pods", "vllm", "sts")  # the three paths set_up gives a policy each
 
 
 class Grant(NamedTuple):
@@ -171,6 +186,11 @@ class Scenario(NamedTuple):
             and "TuningApplied" in reasons
         )
 
+    def capped(self, cluster: OptimisticEmulator) -> bool:
+        """Under an Observe or Recommend ceiling: every policy evaluated and capped (condition ModeCapped)."""
+        found = [cluster.objects[POLICIES, NS, name].get("status") or {} for name in POLICY_NAMES]
+        return all(conditions(status).get("ModeCapped") == "True" for status in found)
+
 
 def set_up(
     cluster: OptimisticEmulator, pods: Workload, engines: Callable[[str | None], str], clusterwide: bool
@@ -212,17 +232,20 @@ def ticks(cluster: OptimisticEmulator) -> dict[str, int]:
     return {name: writes.count(name) for name in set(writes)}
 
 
-async def operate(cluster: OptimisticEmulator, scenario: Scenario, clusterwide: bool) -> set[ApiCall]:
-    """Run kopf as `kvtune operator --peering NAME (--namespace NS | --all-namespaces)` does, until every
-    path has acted, and two ticks more; every API call it made."""
+async def operate(
+    cluster: OptimisticEmulator, done: Callable[[OptimisticEmulator], bool], clusterwide: bool, max_mode: Mode
+) -> set[ApiCall]:
+    """Run kopf as `kvtune operator --peering NAME --max-mode MODE (--namespace NS | --all-namespaces)`
+    does, until every path has done what it does in that mode, and two ticks more; every API call it made."""
     stop = asyncio.Event()
+    memo = kopf.Memo(operator_metrics=OperatorMetrics(max_mode.value), max_mode=max_mode)
     operator = asyncio.create_task(kopf.operator(
-        clusterwide=clusterwide, namespaces=[] if clusterwide else [NS], stop_flag=stop,
-        memo=kopf.Memo(operator_metrics=OperatorMetrics()), **kopf_peering_arguments(PEERING),
+        clusterwide=clusterwide, namespaces=[] if clusterwide else [NS], stop_flag=stop, memo=memo,
+        **kopf_peering_arguments(PEERING),
     ))  # fmt: skip
     try:
         deadline = time.monotonic() + 45
-        while not scenario.done(cluster):
+        while not done(cluster):
             assert time.monotonic() < deadline, (
                 f"not every path acted within 45 s: {sorted(api_calls(list(cluster)))}"
             )
@@ -316,12 +339,13 @@ async def test_namespaced_the_role_grants_exactly_the_calls_the_operator_makes(
     tmp_path: Path,
 ) -> None:
     scenario = set_up(kube, workload, engines, clusterwide=False)
-    calls = await operate(kube, scenario, clusterwide=False)
+    calls = await operate(kube, scenario.done, clusterwide=False, max_mode=Mode.APPLY)
     assert_each_path_acted(kube, scenario)
     assert ApiCall("get", "", "secrets", "", NS, ADMIN_SECRET) in calls  # the one Secret, by its name
     assert {call.name for call in calls if call.resource == "secrets"} == {ADMIN_SECRET}
 
-    objects = render({"watchNamespaces": [NS], "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
+    values = {"maxMode": "Apply", "watchNamespaces": [NS], "adminTokenSecrets": [ADMIN_SECRET]}
+    objects = render(values, tmp_path)
     assert by_kind(objects, "ClusterRole") == []
     (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["namespace"] == NS]
     assert_exactly_granted(calls, role, NS)
@@ -337,14 +361,99 @@ async def test_cluster_wide_the_cluster_role_grants_exactly_the_calls_the_operat
     tmp_path: Path,
 ) -> None:
     scenario = set_up(kube, workload, engines, clusterwide=True)
-    calls = await operate(kube, scenario, clusterwide=True)
+    calls = await operate(kube, scenario.done, clusterwide=True, max_mode=Mode.APPLY)
     assert_each_path_acted(kube, scenario)
     assert {call.name for call in calls if call.resource == "secrets"} == {ADMIN_SECRET}
 
-    objects = render({"clusterWide": True, "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
+    objects = render({"maxMode": "Apply", "clusterWide": True, "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
     assert by_kind(objects, "Role") == []
     (role,) = by_kind(objects, "ClusterRole")
     assert_exactly_granted(calls, role, None)
+
+
+def workload_writes(calls: set[ApiCall]) -> list[ApiCall]:
+    """The calls that write a workload (anything in group apps but a read)."""
+    return sorted(
+        call for call in calls if call.group == "apps" and call.verb not in ("get", "list", "watch")
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_mode", [Mode.OBSERVE, Mode.RECOMMEND], ids=lambda mode: mode.value)
+async def test_under_observe_and_recommend_the_role_grants_exactly_the_calls_and_no_workload_write(
+    kube: OptimisticEmulator,  # noqa: F811
+    workload: Workload,  # noqa: F811
+    engines: Callable[[str | None], str],
+    tmp_path: Path,
+    max_mode: Mode,
+) -> None:
+    """The same three paths, their policies asking for Apply, under the ceiling of maxMode: nothing is
+    written to a workload (nor to an engine's admin API), and the Role that maxMode renders grants exactly
+    the calls the operator made, with `get` and no `patch` on Deployments and StatefulSets."""
+    scenario = set_up(kube, workload, engines, clusterwide=False)
+    calls = await operate(kube, scenario.capped, clusterwide=False, max_mode=max_mode)
+    assert not workload_writes(calls), workload_writes(calls)
+    assert not any(pod.patches for pod in workload.pods.values())
+    assert read_flag(workload_args(kube, DEPLOYMENTS, "llama-vllm"), "--max-num-seqs") == 64
+    assert read_flag(workload_args(kube, STATEFULSETS, "llama-sts"), "--max-num-active-seqs") is None
+
+    values = {"maxMode": max_mode.value, "watchNamespaces": [NS], "adminTokenSecrets": [ADMIN_SECRET]}
+    (role,) = by_kind(render(values, tmp_path), "Role")
+    assert_exactly_granted(calls, role, NS)
+    assert {(g.verb, g.resource) for g in rule_grants(role) if g.group == "apps"} == {
+        ("get", "deployments"), ("get", "statefulsets"),
+    }  # fmt: skip
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(60)
+async def test_an_undo_under_recommend_needs_exactly_the_allow_undo_value(
+    kube: OptimisticEmulator,  # noqa: F811
+    metrics_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """An earlier Apply lowered the Deployment's flag from 64 to 20, then maxMode went down to Recommend and
+    someone asked for an undo: the operator patches the flag back. Every call it makes is granted by the
+    Recommend Role with `rbac.allowUndo: true`; without the value, that patch is the one call refused."""
+    add_deployment(kube, ["--max-num-seqs", "20"])
+    kube.objects[POLICIES, NS, "llama"] = {
+        "apiVersion": "kvtune.dev/v1alpha1", "kind": "KVTuningPolicy",
+        "metadata": {"name": "llama", "namespace": NS, "uid": "uid-llama", "generation": 1,
+                     "resourceVersion": "1", "annotations": {UNDO_ANNOTATION: "please"}},
+        "spec": policy_spec(metrics_url, "Apply"), "status": {"original": {"maxNumSeqs": 64}},
+    }  # fmt: skip
+    stop = asyncio.Event()
+    settings = kopf.OperatorSettings()
+    settings.scanning.disabled = True  # as `kvtune operator --namespace` runs it (handlers.configure)
+    memo = kopf.Memo(operator_metrics=OperatorMetrics(Mode.RECOMMEND.value), max_mode=Mode.RECOMMEND)
+    operator = asyncio.create_task(
+        kopf.operator(standalone=True, namespaces=[NS], stop_flag=stop, settings=settings, memo=memo)
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (kube.objects[POLICIES, NS, "llama"].get("status") or {}).get("undo", {}).get("done"):
+            assert time.monotonic() < deadline, f"no undo within 30 s: {sorted(api_calls(list(kube)))}"
+            assert not operator.done(), operator
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(operator, 15)
+    assert read_flag(container_args(kube), "--max-num-seqs") == 64
+    calls = api_calls(list(kube))
+    undo_patch = ApiCall("patch", "apps", "deployments", "", NS, "")
+    assert workload_writes(calls) == [undo_patch]
+
+    def refused(values: dict[str, object]) -> list[ApiCall]:
+        (role,) = by_kind(render({"watchNamespaces": [NS], **values}, tmp_path), "Role")
+        return sorted(call for call in calls if not granting(call, rule_grants(role), NS))
+
+    assert refused({"rbac": {"allowUndo": True}}) == []
+    assert refused({}) == [undo_patch]  # maxMode Recommend, the chart's default
+    assert refused({"maxMode": "Observe"}) == [undo_patch]
 
 
 def test_the_comparison_names_a_missing_and_an_extra_grant() -> None:

@@ -7,6 +7,10 @@ it set (`TunerState.desired`): when the engine restarts (`continuity.judge`) the
 process are dropped, and whenever the engine does not hold a desired value (a restart, an operator that
 resumed from status) it is put back at once, before any new evidence.
 
+A change that restarts the workload's pods (vLLM's and SGLang's max_num_seqs, a pod-template patch) is
+made only when the policy's restart budget allows it (`restart_budget`): otherwise it is held, the tuner's
+state stays as it was, and the change is decided again, on fresher evidence, at the next tick.
+
 A source that answers from more than one process (`continuity`: a Service in front of several pods, a
 stale replica, a relay) is said at once, its samples are dropped, a sample below the followed process's
 counters is never kept, and no action is taken until it has answered from one process for `hold_s`.
@@ -30,11 +34,20 @@ from kvtune.operator.decide.ladder import rungs
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.ports import Actuator, ActuatorResult, MetricSource
 from kvtune.operator.decide.restart import drifted, pool_changed
+from kvtune.operator.decide.restart_budget import Verdict
 from kvtune.operator.decide.sample import NoData, Sample
 from kvtune.operator.decide.tuner import Change, Decision, TunerState, Value, decide
 from kvtune.operator.decide.window import Window
 
 logger = logging.getLogger("kvtune.operator")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A change the restart budget held: what it was, and the budget's verdict (why, and from when)."""
+
+    what: str
+    verdict: Verdict
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class Tick:
     engine: EngineView | None = None  # the engine at the end of the tick, after any change it made
     alternation: str | None = None  # what made the source an alternating one at this tick
     holding: str | None = None  # why no action may be taken yet: the source alternated too recently
+    held: Held | None = None  # a change that restarts the pods, held: the restart budget does not allow it
 
 
 HOLD_WINDOWS = 3  # an alternating source must answer from one process this many windows before any action
@@ -112,26 +126,56 @@ def after_calls(current: ActuatorResult, calls: Iterable[ActuatorResult]) -> Act
     return ActuatorResult(ok, values, None if ok else current.error)
 
 
+def budget_verdict(policy: TuningPolicy, state: TunerState, knob: str, now: float) -> Verdict | None:
+    """Why a change of `knob` may not be made now (the policy's restart budget), or None when it may."""
+    budget = policy.restart_budget
+    if budget is None or knob not in budget.knobs:
+        return None
+    verdict = budget.verdict(state.restarts, now)
+    return None if verdict.allowed else verdict
+
+
+def spend(policy: TuningPolicy, state: TunerState, knob: str, now: float) -> TunerState:
+    """The state once a change of `knob` was made: a change that restarts the pods counts against the budget."""
+    budget = policy.restart_budget
+    if budget is None or knob not in budget.knobs:
+        return state
+    return replace(state, restarts=budget.record(state.restarts, now))
+
+
+@dataclass(frozen=True)
+class Reapplied:
+    done: tuple[tuple[str, Value, ActuatorResult], ...] = ()
+    state: TunerState = field(default_factory=TunerState)  # with the restarts the re-applies made
+    held: Held | None = None  # a re-apply that would restart the pods, held by the restart budget
+
+
 def reapply_desired(
-    actuator: Actuator, policy: TuningPolicy, state: TunerState, current: ActuatorResult
-) -> tuple[tuple[str, Value, ActuatorResult], ...]:
+    actuator: Actuator, policy: TuningPolicy, state: TunerState, current: ActuatorResult, now: float
+) -> Reapplied:
     """Put back every desired value the engine does not hold (`current`, read this tick; Apply mode only),
-    or that not every pod holds (`current.split`); failures are logged and simply tried again next tick."""
+    or that not every pod holds (`current.split`); failures are logged and simply tried again next tick, as
+    is a re-apply the restart budget holds."""
     desired = {knob: value for knob, value in state.desired if knob in actuator.knobs}
-    if policy.mode is not Mode.APPLY or not desired:
-        return ()
-    if not current.ok:
-        return ()
+    if policy.mode is not Mode.APPLY or not desired or not current.ok:
+        return Reapplied(state=state)
     done: list[tuple[str, Value, ActuatorResult]] = []
+    held: Held | None = None
     split = {knob: value for knob, value in desired.items() if knob in current.split}  # pods disagree
     for knob, value in {**drifted(desired, dict(current.values)), **split}.items():
+        verdict = budget_verdict(policy, state, knob, now)
+        if verdict is not None:
+            logger.info("holding the re-apply of %s=%s: %s", knob, value, verdict.message)
+            held = Held(f"re-applying {knob}={value}", verdict)
+            continue
         outcome = actuator.apply(knob, value, f"re-applying {knob}={value}, which the operator set and holds")
         done.append((knob, value, outcome))
         if outcome.ok:
+            state = spend(policy, state, knob, now)
             logger.info("re-applied %s=%s (the engine held %s)", knob, value, current.values.get(knob))
         else:
             logger.error("could not re-apply %s=%s: %s", knob, value, outcome.error)
-    return tuple(done)
+    return Reapplied(tuple(done), state, held)
 
 
 def step(
@@ -173,7 +217,8 @@ def step(
     if judged.keep:
         samples.append(result)
     current = actuator.current()
-    reapplied = reapply_desired(actuator, policy, state, current)
+    again = reapply_desired(actuator, policy, state, current, now)
+    reapplied, state, held = again.done, again.state, again.held
     current = after_calls(current, (outcome for _, _, outcome in reapplied))
     engine = live_view(samples[-1] if samples else result, actuator.knobs, current)
     window = Window.of(samples)
@@ -189,9 +234,17 @@ def step(
         )
     applied: list[tuple[Change, ActuatorResult]] = []
     for change in decision.changes:
+        verdict = budget_verdict(policy, state, change.knob, now)
+        if verdict is not None:  # not made: the same state decides again next tick, on fresher evidence
+            logger.info("holding %s %s -> %s: %s", change.knob, change.before, change.value, verdict.message)
+            what = f"{change.remedy.value} {change.knob} {change.before} -> {change.value}"
+            held, new_state = Held(what, verdict), state
+            decision = replace(decision, note=f"held {what}: {verdict.message}")
+            continue
         outcome = actuator.apply(change.knob, change.value, f"{change.remedy.value}: {change.reason}")
         applied.append((change, outcome))
         if outcome.ok:
+            new_state = spend(policy, new_state, change.knob, now)
             logger.info(
                 "applied %s: %s -> %s (%s): %s", change.knob, change.before, change.value,
                 change.remedy.value, change.reason,
@@ -210,7 +263,8 @@ def step(
     after = live_view(shown, actuator.knobs, after_calls(current, (outcome for _, outcome in applied)))
     decision = replace(decision, rungs=rungs(decision.diagnosis, after, policy))
     return Tick(now, decision, tuple(applied), state=new_state, restart=restart, reapplied=reapplied,
-                evidence_since=since, engine=after, alternation=alternation, holding=holding)  # fmt: skip
+                evidence_since=since, engine=after, alternation=alternation, holding=holding,
+                held=held)  # fmt: skip
 
 
 def run_loop(

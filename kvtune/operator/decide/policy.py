@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvtune.core.whatif import DEFAULT_RISK_MARGIN
+from kvtune.operator.decide.restart_budget import RestartBudget
 
 
 class Mode(Enum):
@@ -34,14 +35,38 @@ class ScalingPolicy:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """How long an action is watched before it is judged, and the least time between two actions."""
+
+    evaluation_window_s: float
+    cooldown_s: float
+
+
+# A kvtune engine changes its knobs live: a minute of evidence judges a change, and the next may follow.
+LIVE_TIMING = Timing(evaluation_window_s=60.0, cooldown_s=60.0)
+# vLLM and SGLang change max_num_seqs by a rolling restart of every GPU pod, each reloading its model. The
+# operator waits for that rollout before it judges (k8s.workload_watch), then judges on five minutes of the
+# new pods, and makes at most one such change every half hour: a policy that states neither still does not
+# restart the fleet as often as rollouts finish. A starting point, not a measured one.
+RESTARTING_TIMING = Timing(evaluation_window_s=300.0, cooldown_s=1800.0)
+RESTARTING_ENGINES = frozenset({"vllm", "sglang"})  # their max_num_seqs is a flag: a change restarts the pods
+
+
+def default_timing(engine: str) -> Timing:
+    """The evaluation window and cooldown a policy gets for `engine` when it states none."""
+    return RESTARTING_TIMING if engine in RESTARTING_ENGINES else LIVE_TIMING
+
+
+@dataclass(frozen=True)
 class TuningPolicy:
     mode: Mode = Mode.RECOMMEND
     min_max_num_seqs: int = 1
     max_max_num_seqs: int = 1024
     cap_floor: int = 256  # the max_tokens cap never goes below this
     cap_margin: float = 1.25  # cap = generation p99 x margin
-    evaluation_window_s: float = 60.0  # how long an action is watched before it is judged
-    cooldown_s: float = 60.0  # least time between two actions
+    # how long an action is watched before it is judged, and the least time between two actions
+    evaluation_window_s: float = LIVE_TIMING.evaluation_window_s
+    cooldown_s: float = LIVE_TIMING.cooldown_s
     max_step: int = 64  # largest change of max_num_seqs in one action
     allow_fp8: bool = False  # FP8 KV is applied only when this says so (accuracy caveat)
     shared_prefix_tokens: int = 0  # the workload declares a shared prefix this long (0: none declared)
@@ -60,6 +85,7 @@ class TuningPolicy:
     # is uncertain: kvtune.core.predict.Objective.for_fit)
     risk_margin: float = DEFAULT_RISK_MARGIN
     scaling: ScalingPolicy | None = None  # None: no replica signal (it costs a what-if search per window)
+    restart_budget: RestartBudget | None = None  # None: restarting changes are bounded by the cooldown only
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_max_num_seqs <= self.max_max_num_seqs:

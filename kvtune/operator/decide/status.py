@@ -29,9 +29,13 @@ ConditionType = Literal[
     "RolloutStalled",
     "ChangeReverted",
     "AutoscalerConflict",
+    "ActuatorUnavailable",
+    "ChangeHeld",
+    "Ready",
 ]
 # What the diagnosis says (Unknown without data), on every policy. ModeCapped is the operator's own: the
-# policy runs below its spec.mode (the operator's maxMode, or an undo's hold).
+# policy runs below its spec.mode (the operator's maxMode, or an undo's hold). So are ActuatorUnavailable,
+# ChangeHeld (the restart budget holds a change) and Ready, which sums up the others (`readiness`).
 CONDITION_TYPES: tuple[ConditionType, ...] = (
     "Preempting",
     "KVSaturated",

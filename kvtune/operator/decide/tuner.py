@@ -106,6 +106,9 @@ class TunerState:
     prediction: PredictionState = field(default_factory=PredictionState)
     # the replica signal (`scaling`): not kept in status, the next evaluation window recomputes it
     scaling: ScalingState = field(default_factory=ScalingState)
+    # when the changes that restarted the pods were made, for the restart budget (kept in status, so a
+    # restarted operator cannot spend the budget twice)
+    restarts: tuple[float, ...] = ()
 
     def record(self, entry: HistoryEntry) -> TunerState:
         return replace(self, history=(*self.history, entry)[-HISTORY_LIMIT:])

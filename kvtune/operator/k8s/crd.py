@@ -16,8 +16,9 @@ from kvtune.core.objectives import default_round_to
 from kvtune.core.predict import Forecast
 from kvtune.operator.decide.admission_flag import AdmissionFlagChoice
 from kvtune.operator.decide.ladder import Remedy
-from kvtune.operator.decide.policy import Mode, ScalingPolicy, TuningPolicy
+from kvtune.operator.decide.policy import Mode, ScalingPolicy, Timing, TuningPolicy, default_timing
 from kvtune.operator.decide.prediction import PredictionState
+from kvtune.operator.decide.restart_budget import DAY_S, MaintenanceWindow, RestartBudget
 from kvtune.operator.decide.status import ConditionState, ConditionStatus, ConditionType
 from kvtune.operator.decide.tuner import HISTORY_LIMIT, HistoryEntry, JudgedFigures, Pending, TunerState
 
@@ -286,6 +287,59 @@ class ScalingSpec(CamelModel):
         return ScalingPolicy(self.min_replicas, self.max_replicas, self.goodput_loss_warning)
 
 
+CLOCK = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"  # a time of day, HH:MM
+RESTART_BUDGET_ENGINES = (
+    "restartBudget is for vllm and sglang targets: a kvtune engine changes max_num_seqs live, no restart"
+)
+
+
+class MaintenanceWindowSpec(CamelModel):
+    """A daily time range in UTC inside which the changes that restart the pods are made."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "self.start != self.end", "a maintenance window needs an end different from its start"
+        )
+    )
+
+    start: str = Field(pattern=CLOCK, max_length=5, description="HH:MM UTC: the window opens")
+    end: str = Field(
+        pattern=CLOCK,
+        max_length=5,
+        description="HH:MM UTC: the window closes; before start, it spans midnight",
+    )
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> MaintenanceWindowSpec:
+        if self.start == self.end:
+            raise ValueError("a maintenance window needs an end different from its start")
+        return self
+
+
+class RestartBudgetSpec(CamelModel):
+    """At most maxRestarts changes that restart the workload's pods (a patch of its pod template) in any
+    periodSeconds, and optionally only inside a daily maintenance window. A change the budget does not allow
+    is held (condition ChangeHeld, Event ChangeHeld) and made when it allows, if still called for."""
+
+    max_restarts: int = Field(
+        ge=1, le=100, description="the most changes that restart the pods in any period"
+    )
+    period_seconds: int = Field(
+        DAY_S, ge=60, description="the period, sliding: never more than maxRestarts in any span this long"
+    )
+    maintenance_window: MaintenanceWindowSpec | None = Field(
+        None, description="make those changes only inside this daily UTC time range (omit: at any time)"
+    )
+
+    def to_budget(self) -> RestartBudget:
+        window = self.maintenance_window
+        return RestartBudget(
+            self.max_restarts,
+            float(self.period_seconds),
+            MaintenanceWindow.of(window.start, window.end) if window is not None else None,
+        )
+
+
 class KVTuningPolicySpec(CamelModel):
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -306,6 +360,7 @@ class KVTuningPolicySpec(CamelModel):
                 "!self.metrics.prometheus.byPod",
                 "prometheus.byPod on a kvtune engine needs target.podEndpoints, to reach every pod's admin API",
             ),
+            ("!has(self.restartBudget) || self.target.engine != 'kvtune'", RESTART_BUDGET_ENGINES),
         )
     )
 
@@ -316,8 +371,23 @@ class KVTuningPolicySpec(CamelModel):
     mode: ModeName = "Recommend"
     bounds: Bounds = Field(default_factory=lambda: Bounds.model_validate({}))
     interval_seconds: int = Field(15, ge=1, description="seconds between two metric samples")
-    evaluation_window_seconds: int = Field(60, ge=1, description="how long an action is watched")
-    cooldown_seconds: int = Field(60, ge=0, description="least time between two actions")
+    evaluation_window_seconds: int | None = Field(
+        None,
+        ge=1,
+        description="how long an action is watched before it is judged (after the rollout it started). Unset: "
+        "300 for vllm and sglang (a change is a rolling restart of GPU pods), 60 for kvtune",
+    )
+    cooldown_seconds: int | None = Field(
+        None,
+        ge=0,
+        description="least time between two actions. Unset: 1800 for vllm and sglang (at most one restart of "
+        "the fleet every half hour), 60 for kvtune",
+    )
+    restart_budget: RestartBudgetSpec | None = Field(
+        None,
+        description="vllm / sglang: at most maxRestarts changes that restart the pods per periodSeconds, "
+        "optionally only inside a maintenance window (omit: bounded by cooldownSeconds only)",
+    )
     max_step: int = Field(TuningPolicy.max_step, ge=1, description="largest max_num_seqs change at once")
     allow_fp8: bool = Field(False, alias="allowFP8", description="apply FP8 KV (accuracy caveat)")
     shared_prefix_tokens: int = Field(0, ge=0, description="declared shared prompt prefix (0: none)")
@@ -350,7 +420,18 @@ class KVTuningPolicySpec(CamelModel):
     def _goodput_needs_a_bound(self) -> KVTuningPolicySpec:
         if self.objective == "Goodput" and self.p95_queue_wait_bound_seconds is None:
             raise ValueError("the Goodput objective needs p95QueueWaitBoundSeconds")
+        if self.restart_budget is not None and self.target.engine == "kvtune":
+            raise ValueError(RESTART_BUDGET_ENGINES)
         return self
+
+    def resolved_timing(self) -> Timing:
+        """The evaluation window and cooldown in force: the spec's, else the engine's defaults."""
+        default = default_timing(self.target.engine)
+        window, cooldown = self.evaluation_window_seconds, self.cooldown_seconds
+        return Timing(
+            float(window) if window is not None else default.evaluation_window_s,
+            float(cooldown) if cooldown is not None else default.cooldown_s,
+        )
 
     def resolved_round_to(self) -> int:
         if self.round_to is not None:
@@ -379,8 +460,8 @@ class KVTuningPolicySpec(CamelModel):
             min_max_num_seqs=self.bounds.min_max_num_seqs,
             max_max_num_seqs=self.bounds.max_max_num_seqs,
             cap_floor=self.bounds.cap_floor,
-            evaluation_window_s=float(self.evaluation_window_seconds),
-            cooldown_s=float(self.cooldown_seconds),
+            evaluation_window_s=self.resolved_timing().evaluation_window_s,
+            cooldown_s=self.resolved_timing().cooldown_s,
             max_step=self.max_step,
             allow_fp8=self.allow_fp8,
             shared_prefix_tokens=self.shared_prefix_tokens,
@@ -389,6 +470,7 @@ class KVTuningPolicySpec(CamelModel):
             p95_wait_bound_s=self.p95_queue_wait_bound_seconds,
             round_to=self.resolved_round_to(),
             scaling=self.scaling.to_policy() if self.scaling is not None else None,
+            restart_budget=self.restart_budget.to_budget() if self.restart_budget is not None else None,
         )
 
 
@@ -556,6 +638,10 @@ class TunerStateModel(CamelModel):
     unsafe_since: float | None = None
     exhausted: list[RemedyName] = Field(default_factory=list)
     reported: list[str] = Field(default_factory=list)
+    restarts: list[float] = Field(
+        default_factory=list,
+        description="epoch seconds of the changes that restarted the pods (restartBudget)",
+    )
 
 
 class ForecastModel(CamelModel):
@@ -686,6 +772,30 @@ class ScalingStatus(CamelModel):
     evaluated_at: datetime | None = None
 
 
+class TimingStatus(CamelModel):
+    """The evaluation window and cooldown in force: a policy that states neither runs on its engine's
+    defaults, and status says which it took."""
+
+    evaluation_window_seconds: float
+    cooldown_seconds: float
+    defaulted: list[str] = Field(
+        default_factory=list, description="the spec fields left unset, whose engine default is in force"
+    )
+
+    @staticmethod
+    def of(spec: KVTuningPolicySpec) -> TimingStatus:
+        timing = spec.resolved_timing()
+        unset = {
+            "evaluationWindowSeconds": spec.evaluation_window_seconds,
+            "cooldownSeconds": spec.cooldown_seconds,
+        }
+        return TimingStatus(
+            evaluation_window_seconds=timing.evaluation_window_s,
+            cooldown_seconds=timing.cooldown_s,
+            defaulted=[name for name, value in unset.items() if value is None],
+        )
+
+
 class KVTuningPolicyStatus(CamelModel):
     model_config = ConfigDict(extra="ignore")  # tolerate fields other writers add
 
@@ -717,6 +827,10 @@ class KVTuningPolicyStatus(CamelModel):
     )
     prediction: PredictionStatus | None = None
     scaling: ScalingStatus | None = None
+    timing: TimingStatus | None = Field(
+        None,
+        description="the evaluationWindowSeconds and cooldownSeconds in force (the spec's or the engine's)",
+    )
 
 
 class KVTuningPolicy(CamelModel):
@@ -751,6 +865,7 @@ def state_to_status(state: TunerState) -> tuple[TunerStateModel, list[HistoryIte
         unsafe_since=state.unsafe_since,
         exhausted=sorted(r.value for r in state.exhausted),
         reported=sorted(state.reported),
+        restarts=list(state.restarts),
     )
     return model, [HistoryItem.of(entry) for entry in state.history]
 
@@ -780,4 +895,5 @@ def state_from_status(status: KVTuningPolicyStatus | None) -> TunerState:
         history=tuple(item.entry() for item in status.history)[-HISTORY_LIMIT:],
         desired=status.desired.pairs() if status.desired else (),
         prediction=status.prediction.state() if status.prediction else PredictionState(),
+        restarts=tuple(saved.restarts),
     )  # fmt: skip

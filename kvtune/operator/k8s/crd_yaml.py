@@ -30,6 +30,9 @@ HEADER = (
     "# (tests/operator/test_crd.py fails when this file and the models drift apart).\n"
 )
 DROPPED = {"title", "additionalProperties", "$defs"}
+# Argo CD never prunes these CRDs from a sync nor deletes them with the Application (each policy's status and
+# history goes with its CRD); the chart's `crds.argocdKeep: false` renders a copy without it (docs/install.md).
+ARGOCD_SYNC_OPTIONS = {"argocd.argoproj.io/sync-options": "Prune=false,Delete=false"}
 INT_OR_STRING = "x-kubernetes-int-or-string"
 
 Schema = dict[str, Any]
@@ -92,7 +95,7 @@ def crd() -> Schema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "annotations": dict(ARGOCD_SYNC_OPTIONS)},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
@@ -115,6 +118,11 @@ def crd() -> Schema:
                             "Running",
                             ".status.mode",
                             description="the mode it runs in: below Mode while capped (condition ModeCapped)",
+                        ),
+                        column(
+                            "Ready",
+                            '.status.conditions[?(@.type=="Ready")].status',
+                            description="condition Ready: the operator reads the engines and can act within its mode",
                         ),
                         column("Current", ".status.current.maxNumSeqs", "integer", "live max_num_seqs"),
                         column(

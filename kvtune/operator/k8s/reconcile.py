@@ -15,12 +15,13 @@ from typing import Any
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.diagnosis import corrupt_text
-from kvtune.operator.decide.loop import Tick, step, window_length
+from kvtune.operator.decide.loop import Held, Tick, step, window_length
 from kvtune.operator.decide.mode_ceiling import ModeDecision, effective_mode
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.pooling import PodEvidence, PoolState, worst_pod_line
 from kvtune.operator.decide.ports import Actuator
 from kvtune.operator.decide.prediction import PredictionState, objective_of
+from kvtune.operator.decide.readiness import Standing, ready
 from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.status import (
     CONDITION_TYPES,
@@ -53,6 +54,7 @@ from kvtune.operator.k8s.crd import (
     PodStatus,
     PredictionStatus,
     ScalingStatus,
+    TimingStatus,
     UndoStatus,
     WorkloadWatch,
     state_from_status,
@@ -107,6 +109,7 @@ class PolicyMemory:
     corrupt: tuple[tuple[str, str], ...] = ()  # the series dropped as impossible at the last evaluation
     scaling: ScalingStatus | None = None  # the replica signal as last written
     exported: tuple[int | None, float | None] = (None, None)  # desired replicas and load ratio last exported
+    held: str | None = None  # why a change that restarts the pods was held at the last evaluation
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -287,14 +290,71 @@ def workload_conditions(memory: PolicyMemory, now: float) -> list[ConditionState
     ]
 
 
+def actuator_condition(memory: PolicyMemory, error: str | None, now: float) -> ConditionState:
+    """ActuatorUnavailable: True while what acts on the engine's knobs cannot be built (a Secret missing):
+    the diagnosis and the recommendations go on, nothing is applied."""
+    if error:
+        return condition(memory.conditions, "ActuatorUnavailable", "True", "SecretUnreadable", error, now)
+    return condition(memory.conditions, "ActuatorUnavailable", "False", "ActuatorBuilt",
+                     "what acts on the engine's knobs is built", now)  # fmt: skip
+
+
+def held_condition(
+    memory: PolicyMemory, policy: TuningPolicy, held: Held | None, restarts: tuple[float, ...], now: float
+) -> tuple[ConditionState, list[EventSpec]]:
+    """ChangeHeld (a workload whose pods a change restarts): True while the restart budget holds a change,
+    with a Normal Event when a hold begins; False says how much of the budget is used."""
+    budget = policy.restart_budget
+    events: list[EventSpec] = []
+    if held is not None:
+        verdict = held.verdict
+        if verdict.reason != memory.held:
+            events.append(EventSpec("Normal", "ChangeHeld", f"{held.what} held: {verdict.message}", "Hold"))
+        memory.held = verdict.reason
+        held_state = condition(memory.conditions, "ChangeHeld", "True", verdict.reason, verdict.message, now)
+        return held_state, events
+    memory.held = None
+    if budget is None:
+        return condition(memory.conditions, "ChangeHeld", "False", "NoRestartBudget",
+                         "no spec.restartBudget: changes that restart the pods are bounded by the cooldown only",
+                         now), events  # fmt: skip
+    return condition(memory.conditions, "ChangeHeld", "False", "WithinBudget", budget.describe(restarts, now),
+                     now), events  # fmt: skip
+
+
+def ready_condition(memory: PolicyMemory, standing: Standing, now: float) -> ConditionState:
+    status, reason, message = ready(standing)
+    return condition(memory.conditions, "Ready", status, reason, message, now)
+
+
+def watch_standing(watch: WorkloadWatch | None) -> tuple[str | None, str | None]:
+    """What the workload's watch puts in the way of acting: a stalled rollout, and the field yielded to
+    another manager (None, None without a workload whose args the operator patches)."""
+    if watch is None:
+        return None, None
+    stalled = f"rollout stalled: {watch.rollout_summary or ''}" if watch.rollout_stalled else None
+    yielded = (
+        f"{watch.reverted_by or 'another field manager'} keeps reverting max_num_seqs: kept "
+        f"{watch.yielded_value} as a recommendation until the policy is edited"
+        if watch.yielded_value is not None
+        else None
+    )
+    return stalled, yielded
+
+
 def waiting(
     memory: PolicyMemory, spec: KVTuningPolicySpec, note: str, events: list[EventSpec], flag: str | None,
     generation: int | None, now: float, capped: ConditionState, mode: Mode,
 ) -> Outcome:  # fmt: skip
     """The outcome of an evaluation that neither judges nor acts (a rollout in progress): status says why,
     and keeps what the last evaluation found."""
-    kept = [memory.conditions[kind] for kind in CONDITION_TYPES if kind in memory.conditions]
-    conditions = [*kept, capped, *workload_conditions(memory, now)]
+    kept = [memory.conditions[kind] for kind in (*CONDITION_TYPES, "ChangeHeld") if kind in memory.conditions]
+    stalled, yielded = watch_standing(memory.watch)
+    standing = Standing(mode, actuator=memory.actuator_error, stalled=stalled, yielded=yielded,
+                        rollout=None if stalled else note,
+                        capped=capped.message if capped.status == "True" else None)  # fmt: skip
+    conditions = [*kept, capped, *workload_conditions(memory, now),
+                  actuator_condition(memory, memory.actuator_error, now), ready_condition(memory, standing, now)]  # fmt: skip
     memory.conditions.update({c.type: c for c in conditions})
     tick = Tick(now, None, state=memory.state)
     states = condition_states(conditions)
@@ -304,7 +364,8 @@ def waiting(
     evaluation = replace(evaluation, conditions=states, desired_replicas=desired, demand_capacity_ratio=ratio)
     pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
     status = policy_status(memory, memory.state, generation, now, note, conditions, memory.current, pods_status,
-                           worst_pod, flag, mode, memory.watch, scaling=memory.scaling)  # fmt: skip
+                           worst_pod, flag, mode, memory.watch, scaling=memory.scaling,
+                           timing=TimingStatus.of(spec))  # fmt: skip
     return Outcome(tick, status, tuple(events), evaluation)
 
 
@@ -313,6 +374,7 @@ def policy_status(
     conditions: list[ConditionState], current: Knobs | None, pods: list[PodStatus],
     worst_pod: PodEvidence | None, flag: str | None, mode: Mode, workload: WorkloadWatch | None,
     prediction: PredictionStatus | None = None, scaling: ScalingStatus | None = None,
+    timing: TimingStatus | None = None,
 ) -> KVTuningPolicyStatus:  # fmt: skip
     """The status both outcomes write (waiting for a rollout, or evaluated): one place maps the policy's
     memory and the tuner's state onto the CRD's fields."""
@@ -336,6 +398,7 @@ def policy_status(
         workload=workload,
         prediction=prediction,
         scaling=scaling,
+        timing=timing,
     )
 
 
@@ -479,7 +542,18 @@ def evaluate(
     events += replicas.events
     memory.scaling, memory.exported = replicas.status, (replicas.desired, replicas.ratio)
     signal_condition = [replicas.condition] if replicas.condition is not None else []
-    conditions = [*recorded.conditions, capped, *watching, *signal_condition]
+    held: list[ConditionState] = []
+    if args is not None:
+        held_state, held_events = held_condition(memory, policy, tick.held, tick.state.restarts, now)
+        held = [held_state]
+        events += held_events
+    stalled, yielded = watch_standing(memory.watch if args is not None else None)
+    standing = Standing(decision.mode, no_data=tick.no_data, alternating=tick.holding, actuator=actuator_error,
+                        stalled=stalled, yielded=yielded,
+                        held=f"{tick.held.what} held: {tick.held.verdict.message}" if tick.held else None,
+                        capped=decision.message if decision.capped else None)  # fmt: skip
+    conditions = [*recorded.conditions, capped, *watching, *signal_condition, *held,
+                  actuator_condition(memory, actuator_error, now), ready_condition(memory, standing, now)]  # fmt: skip
     memory.conditions = {c.type: c for c in conditions}
     if current is not None:
         memory.current = current
@@ -495,7 +569,7 @@ def evaluate(
         note = f"{note}; {worst}"
     status = policy_status(memory, tick.state, generation, now, note, conditions, current, pods_status, worst_pod,
                            flag, decision.mode, memory.watch if args is not None else None,
-                           prediction_status(policy, tick), replicas.status)  # fmt: skip
+                           prediction_status(policy, tick), replicas.status, TimingStatus.of(spec))  # fmt: skip
     return Outcome(tick, status, tuple(events), evaluation)
 
 
