@@ -66,8 +66,6 @@ flock 9
 has_tag() { umoci ls --layout "$layout" | grep -qx "$1"; }
 
 base="base-bookworm"
-# pyproject.toml pins the dependencies; a change to it is a new dependency layer (the base stays)
-deps="deps-$kind-$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
 final="build-$kind-$$"
 
 # What no layer carries: apt's caches and lists, device nodes (the runtime mounts /dev), a resolv.conf of
@@ -97,6 +95,15 @@ else
   tidy "$work/base/rootfs"
   repack "$work/base" "$base" "Debian bookworm (debootstrap --variant=minbase), Python 3.11"
 fi
+
+# pyproject.toml pins the dependencies, and they sit on the base: a change to either is a new dependency
+# layer, so both kinds always sit on the one base the cache holds now
+base_id="$("$python" -c 'import json, sys
+index = json.load(open(sys.argv[1]))
+print(next(m["digest"] for m in index["manifests"]
+           if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == sys.argv[2])[7:19])' \
+  "$layout/index.json" "$base")"
+deps="deps-$kind-$(sha256sum "$repo/pyproject.toml" | cut -c1-16)-$base_id"
 
 # 2. kvtune's wheel, and every dependency downloaded here for CPython 3.11 on x86-64 Linux: installed in the
 # root filesystem from that folder only (the chroot needs no network, and no certificates of ours).

@@ -52,7 +52,7 @@ POLICY = "llama"
 PROMETHEUS_HOST = "prometheus-operated.monitoring"  # the README policy's Prometheus, as the pod reaches it
 PROMETHEUS_INDEX = 7  # its address in the pods' network
 RECOMMEND_WAIT_S = 300.0  # the policy ticks every 15 s (its default): a recommendation in ~1 min is normal
-COLUMNS = ["NAME", "MODE", "RUNNING", "CURRENT", "RECOMMENDED", "PREEMPTING", "AGE"]
+COLUMNS = ["NAME", "MODE", "RUNNING", "READY", "CURRENT", "RECOMMENDED", "PREEMPTING", "AGE"]
 README_CONDITIONS = ("Preempting", "KVSaturated", "PrefixCacheDefeated", "FP8Recommended", "Stable")
 
 
@@ -223,7 +223,7 @@ def test_the_policy_block_recommends_and_changes_nothing(fresh: Cluster, world: 
     assert preempting["status"] == "True", preempting
     worst = {pod["name"] for pod in status.get("pods") or []}
     assert worst <= set(world["pods"]) and worst, status.get("pods")  # each pod apart, by its own name
-    assert row[:3] == [POLICY, "Recommend", "Recommend"] and row[4] == str(value), row
+    assert row[:4] == [POLICY, "Recommend", "Recommend", "True"] and row[5] == str(value), row
 
     after = fresh.get("deployment", WORKLOAD, namespace)  # Recommend changes nothing
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
