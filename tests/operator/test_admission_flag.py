@@ -11,6 +11,7 @@ from kvtune.operator.decide.admission_flag import (
     MAX_NUM_SEQS,
     admission_value,
     choose_flag,
+    container_device,
     image_tag,
     parse_version,
 )
@@ -52,3 +53,22 @@ def test_the_active_limit_stays_within_max_num_seqs() -> None:
     assert admission_value(MAX_NUM_ACTIVE_SEQS, 12, 64) == 12
     assert admission_value(MAX_NUM_ACTIVE_SEQS, 12, None) == 12
     assert admission_value(MAX_NUM_SEQS, 80, 64) == 80
+
+
+def test_the_container_says_its_device_by_its_gpu_request_or_its_image() -> None:
+    assert container_device(
+        {"image": "vllm/vllm-openai:v0.32.0", "resources": {"requests": {"nvidia.com/gpu": 2}}}
+    ) == (
+        "cuda",
+        "GPU request",
+    )
+    assert container_device({"image": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0"}) == (
+        "cpu",
+        "image",
+    )
+    assert container_device(
+        {"image": "vllm/vllm-openai:v0.32.0", "resources": {"limits": {"nvidia.com/gpu": "0"}}}
+    ) == (
+        None,
+        None,
+    )

@@ -157,3 +157,22 @@ def test_reverts_are_named_tolerated_a_bounded_number_of_times_then_yielded_to()
 def test_a_value_kvtune_still_owns_is_no_revert() -> None:
     seen = follow(deployment(active=64), actuator(), WorkloadWatch(), 24, policy_generation=1, now=1.0)
     assert seen.state.reverts == 0 and not seen.events  # our own write (e.g. a failed patch): not a revert
+
+
+def test_the_device_comes_from_the_observed_container_as_the_doctor_reads_it() -> None:
+    """A GPU request is CUDA, a CPU image is the CPU, neither is unknown: the operator then keeps the CRD's
+    GPU rounding (8), and with a device rounds as the doctor does for it."""
+    watched = actuator()
+    assert watched.device() is None  # nothing observed yet
+    gpu = deployment()
+    gpu["spec"]["template"]["spec"]["containers"][0].update(
+        {"image": "vllm/vllm-openai:v0.32.0", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    )
+    watched.observe(gpu)
+    assert watched.device() == "cuda"
+    cpu = deployment()
+    cpu["spec"]["template"]["spec"]["containers"][0]["image"] = "vllm/vllm-cpu:v0.32.0"
+    watched.observe(cpu)
+    assert watched.device() == "cpu"
+    watched.observe(deployment())
+    assert watched.device() is None

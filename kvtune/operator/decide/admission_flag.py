@@ -42,6 +42,23 @@ def image_tag(image: str | None) -> str | None:
     return last.split(":", 1)[1] if ":" in last else None
 
 
+GPU_RESOURCES = ("nvidia.com/gpu",)
+
+
+def container_device(container: dict[str, object]) -> tuple[str | None, str | None]:
+    """Where a vLLM container runs, from its pod spec, and what said so: "cuda" with a GPU in its resources,
+    "cpu" where its image says so (vLLM's CPU images do), None where neither does. The doctor and the
+    operator read it alike, so both round a recommendation the same way (`default_round_to`)."""
+    resources = container.get("resources")
+    resources = resources if isinstance(resources, dict) else {}
+    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    if any(str(asked.get(kind, "0")) not in ("0", "") for kind in GPU_RESOURCES):
+        return "cuda", "GPU request"
+    if "cpu" in str(container.get("image", "")).lower():
+        return "cpu", "image"
+    return None, None
+
+
 def has_flag(args: list[str], flag: str) -> bool:
     spellings = (flag, "--" + flag[2:].replace("-", "_"))
     return any(arg.partition("=")[0] in spellings for arg in args)

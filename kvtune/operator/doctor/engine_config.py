@@ -16,13 +16,18 @@ from typing import Any
 
 from kvtune.contract import metrics as m
 from kvtune.core.objectives import default_round_to
-from kvtune.operator.decide.admission_flag import MAX_NUM_ACTIVE_SEQS, MAX_NUM_SEQS, image_tag, parse_version
+from kvtune.operator.decide.admission_flag import (
+    MAX_NUM_ACTIVE_SEQS,
+    MAX_NUM_SEQS,
+    container_device,
+    image_tag,
+    parse_version,
+)
 from kvtune.operator.decide.sample import Sample
 
 KVTUNE, SGLANG, VLLM = "kvtune", "sglang", "vllm"
 SGLANG_GAUGES = (m.RETRACTED_NOW, m.CACHE_HIT_RATE_GAUGE)  # series only SGLang exports
 CPU_DEFAULT_PER_RANK = {(0, 32): 128}  # vLLM (major, minor) -> its API server's default on CPU, per rank
-GPU_RESOURCES = ("nvidia.com/gpu",)
 ASK = "pass --max-num-seqs N (the value the engine runs with)"
 
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.MULTILINE)
@@ -202,11 +207,7 @@ def config_from_pod(pod: dict[str, Any], container_name: str | None = None) -> E
         f"pod {metadata.get('namespace', '')}/{metadata.get('name', '')} container {container.get('name')}"
     )
     words = _words(container)
-    resources = container.get("resources") or {}
-    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    gpu = any(str(asked.get(kind, "0")) not in ("0", "") for kind in GPU_RESOURCES)
-    cpu_image = not gpu and "cpu" in str(container.get("image", "")).lower()  # vLLM's CPU images say so
-    device = "cuda" if gpu else "cpu" if cpu_image else None
+    device, said = container_device(container)
     tag = image_tag(container.get("image"))
     version = tag if parse_version(tag) is not None else None
     world = (flag_value(words, "--tensor-parallel-size") or 1) * (
@@ -218,7 +219,7 @@ def config_from_pod(pod: dict[str, Any], container_name: str | None = None) -> E
         max_num_seqs=value,
         max_num_seqs_from=source,
         device=device,
-        device_from=f"{where}'s GPU request" if gpu else f"{where}'s image" if cpu_image else None,
+        device_from=f"{where}'s {said}" if said else None,
         vllm_version=version,
         version_from="the pod's image tag",
         max_model_len=flag_value(words, "--max-model-len"),

@@ -408,7 +408,8 @@ class KVTuningPolicySpec(CamelModel):
         None,
         ge=1,
         description="max_num_seqs moves in multiples of this. Unset: 8 for vllm (its CUDA graphs are captured "
-        "for batch sizes in multiples of 8; vLLM #57355), 1 elsewhere; set 1 for vLLM's CPU build",
+        "for batch sizes in multiples of 8; vLLM #57355), 1 for vLLM's CPU build (a container whose image says "
+        "cpu and asks for no GPU) and elsewhere",
     )
     scaling: ScalingSpec | None = Field(
         None,

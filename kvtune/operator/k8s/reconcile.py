@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
+from kvtune.core.objectives import default_round_to
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.diagnosis import corrupt_text
 from kvtune.operator.decide.loop import Held, Tick, step, window_length
@@ -467,6 +468,9 @@ def evaluate(
                            now, capped, decision.mode)  # fmt: skip
     if args is not None and memory.watch.yielded_value is not None:
         actuator = advisory(actuator, args, memory.watch.reverted_by or "another field manager")
+    device = args.device() if args is not None and spec.round_to is None else None
+    if device is not None:  # unset roundTo assumes a GPU; the container says where it runs
+        policy = replace(policy, round_to=default_round_to(spec.target.engine, device))
     previous = memory.state
     start = previous
     if undo_request is not None:

@@ -26,6 +26,7 @@ from kvtune.operator.decide.admission_flag import (
     FlagChoice,
     admission_value,
     choose_flag,
+    container_device,
 )
 from kvtune.operator.decide.ports import ActuatorInfo, ActuatorResult
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError, WorkloadKind
@@ -174,6 +175,17 @@ class WorkloadArgsActuator:
         except KubeError as err:
             return ActuatorResult(False, {}, f"{self.where}: {err}")
         return ActuatorResult(True, {KNOB_MAX_NUM_SEQS: self._value(container, self._flag(container).flag)})
+
+    def device(self) -> str | None:
+        """Where the engine runs, as its container in the workload last observed says (`container_device`):
+        the operator rounds its recommendation for that device, as the doctor does."""
+        if self.observed is None:
+            return None
+        try:
+            _, container = self._container(self.observed)
+        except KubeError:
+            return None
+        return container_device(container)[0]
 
     def container_name(self, workload: dict[str, Any]) -> str | None:
         """The name of the container the flag lives in (managedFields key containers by name)."""
