@@ -65,6 +65,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "kvtune.bench.autoscale",
         "kvtune's replica signal against the waiting queue and KV usage, through KEDA on the local control plane",
     ),
+    "fleet": (
+        "kvtune.bench.fleet",
+        "the operator over hundreds of policies and thousands of replayed pods on the local control plane",
+    ),
     "connections": (
         "kvtune.bench.connections",
         "/health with 1,000 idle connections open; slowloris cut-off",

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics_core import Metric
 
 from kvtune import __version__
@@ -58,6 +59,8 @@ ERROR_EVENT_POST = "event_post"  # a Kubernetes Event could not be posted
 ERROR_KUBERNETES = "kubernetes"  # another Kubernetes API failure stopped the evaluation
 ERROR_EVALUATION = "evaluation"  # an unexpected exception stopped the evaluation
 ERROR_INVALID_SPEC = "invalid_spec"  # the KVTuningPolicy's spec does not validate: nothing is evaluated
+# the evaluation lag's buckets, seconds: from a quick tick to one that waited several 15 s intervals
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 ERROR_KINDS = (ERROR_APPLY, ERROR_REAPPLY, ERROR_ACTUATOR, ERROR_PROXY_METRICS, ERROR_STATUS_WRITE,
                ERROR_EVENT_POST, ERROR_KUBERNETES, ERROR_EVALUATION, ERROR_INVALID_SPEC)  # fmt: skip
 
@@ -173,9 +176,10 @@ def evaluation_of(
 class OperatorMetrics:
     """The contract's series on a registry of their own; `record` is the only writer."""
 
-    def __init__(self, max_mode: str = "Apply") -> None:
+    def __init__(self, max_mode: str = "Apply", clock: Callable[[], float] = time.time) -> None:
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()
+        self._clock = clock
         r = self.registry
         self.info = Gauge("kvtune_operator_info", "1 while the operator runs: its version and the highest "
                           "mode it lets a policy run in", ["version", "max_mode"], registry=r)  # fmt: skip
@@ -233,6 +237,11 @@ class OperatorMetrics:
                              "the operator has advised a knob value the engine does not run (absent while "
                              "they agree): the age of a recommendation nobody applied",
                              ["namespace", "policy", "knob"], registry=r)  # fmt: skip
+        self.lag = Histogram("kvtune_operator_evaluation_lag_seconds", "From when a policy's interval ran out "
+                             "(its last recorded evaluation + intervalSeconds) to when its next evaluation was "
+                             "recorded: the tick's wait for a worker and its own duration", registry=r,
+                             buckets=LAG_BUCKETS)  # fmt: skip
+        self._due: dict[tuple[str, str], float] = {}  # policy -> when its next evaluation is due
         self._corrupt_seen: dict[tuple[str, str], tuple[str, ...]] = {}  # policy -> its corrupt series
         self._pending_since: dict[tuple[str, str, str], float] = {}  # (namespace, policy, knob) -> since
         self._pending_judged: set[tuple[str, str, str]] = set()  # told pending or not since this start
@@ -251,6 +260,7 @@ class OperatorMetrics:
 
     def record(self, namespace: str, policy: str, evaluation: Evaluation) -> None:
         with self._lock:
+            self._record_lag(namespace, policy, evaluation.interval_s)
             self.declare(namespace, policy)
             self.last_evaluation.labels(namespace, policy).set(evaluation.at)
             self._set(self.interval, (namespace, policy), evaluation.interval_s)
@@ -302,6 +312,16 @@ class OperatorMetrics:
                 )
             self._record_pending(namespace, policy, evaluation)
 
+    def _record_lag(self, namespace: str, policy: str, interval_s: float | None) -> None:
+        """The loops wait a policy's interval after recording its evaluation, so the next one is due then;
+        the lag is how late it is recorded (an evaluation that failed breaks the chain: nothing is due)."""
+        now = self._clock()
+        due = self._due.pop((namespace, policy), None)
+        if due is not None:
+            self.lag.observe(max(0.0, now - due))
+        if interval_s is not None:
+            self._due[(namespace, policy)] = now + interval_s
+
     def _record_pending(self, namespace: str, policy: str, evaluation: Evaluation) -> None:
         """Since when each knob's advice has differed from the engine's value, kept while it still differs
         (the advice may move meanwhile: still not applied), gone once they meet or nothing is advised. An
@@ -329,6 +349,7 @@ class OperatorMetrics:
     def record_error(self, namespace: str, policy: str, kind: str) -> None:
         """An error that stopped an evaluation before it produced an Evaluation."""
         with self._lock:
+            self._due.pop((namespace, policy), None)
             self.declare(namespace, policy)
             self.errors.labels(namespace, policy, kind).inc()
 
@@ -351,6 +372,7 @@ class OperatorMetrics:
             *[(self.pending, (knob,)) for knob in KNOBS],
         ]  # fmt: skip
         with self._lock:
+            self._due.pop((namespace, policy), None)
             for knob in KNOBS:
                 self._pending_since.pop((namespace, policy, knob), None)
                 self._pending_judged.discard((namespace, policy, knob))
