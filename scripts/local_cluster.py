@@ -12,6 +12,9 @@
     python scripts/local_cluster.py token DIR NS/SA
                                                  a kubeconfig for ServiceAccount SA of namespace NS (a
                                                  TokenRequest token); print its path
+    python scripts/local_cluster.py restart DIR COMPONENT [--kill]
+                                                 stop one component (SIGKILL with --kill) and start it again
+                                                 with the same flags, ports and data (the fault tests' tool)
     python scripts/local_cluster.py down DIR     stop every process `up` started in DIR
 
 The binaries are built by `go` from the Go module proxy (nothing fetched is kept in the repository) into a
@@ -338,6 +341,8 @@ CONTROLLERS = (
 HPA_SYNC_PERIOD = "5s"
 FRONT_PROXY_CLIENT = "front-proxy-client"  # the aggregator's client certificate, the one name allowed
 _children: dict[int, subprocess.Popen[bytes]] = {}  # started by this process: reaped by `down`
+# how each was started (its log's name, argv, env), kept in the state file: `restart` reruns it
+_launches: dict[int, dict[str, Any]] = {}
 
 
 def free_port() -> int:
@@ -438,6 +443,7 @@ def start(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
     _children[process.pid] = process
+    _launches[process.pid] = {"log": name, "argv": command, "env": env or {}}
     return process
 
 
@@ -675,7 +681,9 @@ def node_ready(api: Api, name: str) -> bool:
 
 
 def write_state(folder: Path, server: str, processes: dict[str, subprocess.Popen[bytes]]) -> None:
-    state = {"server": server, "pids": {name: process.pid for name, process in processes.items()}}
+    """The server, each component's pid, and how each was started (so `restart` can start it again)."""
+    state = {"server": server, "pids": {name: process.pid for name, process in processes.items()},
+             "launches": {name: _launches[p.pid] for name, p in processes.items() if p.pid in _launches}}  # fmt: skip
     (folder / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 
@@ -727,13 +735,68 @@ def down(folder: Path) -> list[str]:
     return killed
 
 
+def component_state(folder: Path, component: str) -> dict[str, Any]:
+    """The state file of the control plane started from `folder`, checked to know `component`."""
+    try:
+        state: dict[str, Any] = json.loads((folder.resolve() / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise ClusterError(f"no control plane was started from {folder} ({err})") from None
+    if component not in state.get("launches", {}):
+        raise ClusterError(f"{component} was not started by `up` in {folder}: {', '.join(state['pids'])}")
+    return state
+
+
+def stop_component(folder: Path, component: str, kill: bool = False) -> None:
+    """Stop one component of the control plane: SIGKILL with `kill` (a crash), else as `down` stops it."""
+    pid = int(component_state(folder, component)["pids"][component])
+    if kill and alive(pid, component):
+        os.kill(pid, signal.SIGKILL)
+    stop_processes({component: pid})
+
+
+def start_component(folder: Path, component: str) -> int:
+    """Start a stopped component again exactly as `up` did (same command line: flags, ports, data folder),
+    record its new pid in the state file, and wait until it is healthy where it has a health check (etcd,
+    kube-apiserver); its pid."""
+    folder = folder.resolve()
+    state = component_state(folder, component)
+    if alive(int(state["pids"][component]), component):
+        raise ClusterError(f"{component} is still running from {folder}: stop it first")
+    launch = state["launches"][component]
+    logs = folder / "logs"
+    process = start(launch["log"], launch["argv"], logs, launch["env"] or None)
+    state["pids"][component], state["launches"][component] = process.pid, _launches[process.pid]
+    (folder / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    healthy = component_health(folder, component, launch["argv"], state["server"])
+    if healthy is not None:
+        wait_until(f"{component} healthy again", healthy, {component: process}, logs)
+    return process.pid
+
+
+def component_health(folder: Path, component: str, argv: list[str], server: str) -> Callable[[], bool] | None:
+    """How `up` knows etcd or kube-apiserver is ready (None for a component it does not wait on)."""
+    if component == "etcd":
+        url = argv[argv.index("--listen-client-urls") + 1]
+        return lambda: urllib.request.urlopen(f"{url}/health", timeout=2).status == 200
+    if component == "kube-apiserver":
+        api = Api(server, folder / "pki")
+        return lambda: api.call("GET", "/readyz")[0] == 200
+    return None
+
+
+def restart(folder: Path, component: str, kill: bool = False) -> int:
+    """Stop one component (SIGKILL with `kill`) and start it again with the same flags; its new pid."""
+    stop_component(folder, component, kill)
+    return start_component(folder, component)
+
+
 STACKS = {"--monitoring": "monitoring.json", "--keda": "keda.json"}  # `up`'s options, and what each writes
 
 
 def main(argv: list[str]) -> int:
     usage = (
         "usage: python scripts/local_cluster.py build | up DIR [--monitoring] [--keda] | down DIR | "
-        "token DIR NAMESPACE/SERVICEACCOUNT"
+        "token DIR NAMESPACE/SERVICEACCOUNT | restart DIR COMPONENT [--kill]"
     )
     command = argv[0] if argv else ""
     try:
@@ -753,6 +816,10 @@ def main(argv: list[str]) -> int:
         if command == "token" and len(argv) == 3 and argv[2].count("/") == 1:
             namespace, account = argv[2].split("/")
             print(service_account_kubeconfig(Path(argv[1]), namespace, account))
+            return 0
+        if command == "restart" and len(argv) in (3, 4) and argv[3:] in ([], ["--kill"]):
+            pid = restart(Path(argv[1]), argv[2], kill=argv[3:] == ["--kill"])
+            print(f"{argv[2]} running again as pid {pid}")
             return 0
         if command == "down" and len(argv) == 2:
             killed = down(Path(argv[1]))

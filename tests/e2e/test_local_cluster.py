@@ -1,6 +1,7 @@
 """scripts/local_cluster.py itself: the build recipe's pure parts (the staging replaces and godebug read from
 k8s.io/kubernetes' go.mod, which binaries a cache lacks, the monitoring stack's too), the config reloader's
-rewrite of prometheus-operator's configuration, and what `up`, `down` and `token` refuse. That
+rewrite of prometheus-operator's configuration, what `up`, `down` and `token` refuse, and that `restart` starts
+a component again from its recorded command line (the fault tests kill etcd and the API server with it). That
 `up` starts a working control plane and `down` leaves no process and no open port is what every other
 e2e test stands on (the `cluster` fixture checks the latter)."""
 
@@ -106,3 +107,29 @@ def test_a_monitoring_cache_built_from_other_pins_is_rebuilt_whole(tmp_path: Pat
     assert monitoring.missing(tmp_path) == [monitoring.BINARIES[2], monitoring.CRD_FOLDER]
     (tmp_path / monitoring.STAMP).write_text(json.dumps({**monitoring.pins(), "prometheus": "v0.315.0"}))
     assert monitoring.missing(tmp_path) == [*monitoring.BINARIES, monitoring.CRD_FOLDER]
+
+
+def test_restart_starts_a_component_again_with_its_own_command_line(tmp_path: Path) -> None:
+    """`restart` (what the fault tests kill and start again) reruns a component from the command line the state
+    file recorded, records the new pid, and leaves the other components alone; `down` then stops the new one."""
+    lc = local_cluster()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    processes = {"sleep": lc.start("sleep", ["sleep", "300"], logs)}
+    processes["tail"] = lc.start("tail", ["tail", "-f", "/dev/null"], logs)
+    lc.write_state(tmp_path, "https://127.0.0.1:1", processes)
+    try:
+        first = processes["sleep"].pid
+        second = lc.restart(tmp_path, "sleep", kill=True)
+        state = json.loads((tmp_path / lc.STATE_FILE).read_text())
+        assert second != first and not lc.alive(first, "sleep") and lc.alive(second, "sleep")
+        assert state["pids"] == {"sleep": second, "tail": processes["tail"].pid}
+        assert state["launches"]["sleep"]["argv"] == ["sleep", "300"]
+        assert Path(f"/proc/{second}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]
+        with pytest.raises(lc.ClusterError, match="still running"):
+            lc.start_component(tmp_path, "sleep")
+        with pytest.raises(lc.ClusterError, match="etcd was not started by `up`"):
+            lc.restart(tmp_path, "etcd")
+    finally:
+        lc.down(tmp_path)
+    assert not lc.alive(second, "sleep") and not lc.alive(processes["tail"].pid, "tail")

@@ -29,17 +29,21 @@ class EventSpec:
     action: str = "Evaluate"
 
 
-def post_event(api: KubeApi, policy: PolicyRef, event: EventSpec, now: float) -> str | None:
-    """POST one Event; returns the error (logged by the caller) rather than raising."""
+def event_name(policy: PolicyRef, now: float) -> str:
+    """Named like client-go's recorder (object name + unique suffix): not every server does generateName."""
+    return f"{policy.name}.{int(now * 1e9):x}{secrets.token_hex(2)}"
+
+
+def post_event(
+    api: KubeApi, policy: PolicyRef, event: EventSpec, now: float, name: str | None = None
+) -> KubeError | None:
+    """POST one Event (named `name` when it is posted again); returns the error (logged by the caller) rather
+    than raising. An Event of that name already there is one an earlier try posted: it counts as posted."""
     stamp = datetime.fromtimestamp(now, UTC)
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {
-            # named like client-go's recorder (object name + unique suffix): not every server does generateName
-            "name": f"{policy.name}.{int(now * 1e9):x}{secrets.token_hex(2)}",
-            "namespace": policy.namespace,
-        },
+        "metadata": {"name": name or event_name(policy, now), "namespace": policy.namespace},
         "involvedObject": {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": KIND,
@@ -61,5 +65,5 @@ def post_event(api: KubeApi, policy: PolicyRef, event: EventSpec, now: float) ->
     try:
         api.create_event(policy.namespace, body)
     except KubeError as err:
-        return str(err)
+        return None if err.status == 409 else err
     return None

@@ -61,7 +61,7 @@ from kvtune.operator.k8s.crd import (
     state_from_status,
     state_to_status,
 )
-from kvtune.operator.k8s.events import EventSpec, PolicyRef, post_event
+from kvtune.operator.k8s.events import EventSpec, PolicyRef, event_name, post_event
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 from kvtune.operator.k8s.pods import PooledSource
 from kvtune.operator.k8s.replica_signal import replica_signal
@@ -81,6 +81,24 @@ EVENT_REASONS = {
     "flagged": ("Warning", "PrefixCacheDefeated"),
     "undone": ("Normal", "TuningUndone"),
 }
+
+
+UNPOSTED_LIMIT = 32  # Events kept to post again while the API server cannot take them (the first ones)
+UNPOSTED_MAX_AGE_S = 600.0  # and for how long
+# what an API server answers while it is away or starting: unreachable (0), and 401 / 403 as well, since a
+# restarted one authorizes before its RBAC caches are filled ("role ... not found"); a 4xx else is for good
+PASSING_STATUSES = frozenset({0, 401, 403, 429})
+
+
+@dataclass(frozen=True)
+class Unposted:
+    """An Event the API server could not take for a passing reason (PASSING_STATUSES, 5xx): posted again at
+    the next evaluations under its first name and time, so what the operator did or met during an outage is
+    still told after it."""
+
+    event: EventSpec
+    at: float
+    name: str
 
 
 @dataclass
@@ -111,6 +129,7 @@ class PolicyMemory:
     scaling: ScalingStatus | None = None  # the replica signal as last written
     exported: tuple[int | None, float | None] = (None, None)  # desired replicas and load ratio last exported
     held: str | None = None  # why a change that restarts the pods was held at the last evaluation
+    unposted: list[Unposted] = field(default_factory=list)  # Events to post again (the API server was down)
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -577,9 +596,13 @@ def evaluate(
     return Outcome(tick, status, tuple(events), evaluation)
 
 
-def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> tuple[str, ...]:
-    """Patch the status subresource and post the Events; failures are logged (the next tick retries) and
-    returned as error kinds for the operator's metrics."""
+def write(
+    api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float, unposted: list[Unposted] | None = None
+) -> tuple[str, ...]:
+    """Patch the status subresource and post the Events (first those `unposted` kept from earlier ticks);
+    failures are logged (the next tick retries) and returned as error kinds for the operator's metrics. An
+    Event the API server could not take for a passing reason goes back into `unposted` (UNPOSTED_LIMIT of
+    them, for UNPOSTED_MAX_AGE_S)."""
     failed: list[str] = []
     body = patch_body({"status": outcome.status.model_dump(mode="json", by_alias=True)})
     try:
@@ -587,11 +610,20 @@ def write(api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float) -> 
     except KubeError as err:
         logger.error("could not write the status of %s/%s: %s", policy_ref.namespace, policy_ref.name, err)
         failed.append(ERROR_STATUS_WRITE)
-    for event in outcome.events:
-        error = post_event(api, policy_ref, event, now)
-        if error:
-            logger.error("could not post event %s: %s", event.reason, error)
-            failed.append(ERROR_EVENT_POST)
+    fresh = [Unposted(event, now, event_name(policy_ref, now)) for event in outcome.events]
+    waiting = [*(unposted or ()), *fresh]
+    if unposted is not None:
+        unposted.clear()
+    for item in waiting:
+        error = post_event(api, policy_ref, item.event, item.at, item.name)
+        if error is None:
+            continue
+        logger.error("could not post event %s: %s", item.event.reason, error)
+        failed.append(ERROR_EVENT_POST)
+        passing = error.status in PASSING_STATUSES or error.status >= 500
+        fresh_enough = now - item.at < UNPOSTED_MAX_AGE_S
+        if unposted is not None and passing and fresh_enough and len(unposted) < UNPOSTED_LIMIT:
+            unposted.append(item)
     return tuple(failed)
 
 
@@ -608,7 +640,7 @@ def run_once(
 ) -> Outcome:
     """Evaluate, write, and record the tick (with any write failures) in the operator's own metrics."""
     outcome = evaluate(api, policy_ref, spec, memory, now, generation, max_mode, undo_request)
-    failed = write(api, policy_ref, outcome, now)
+    failed = write(api, policy_ref, outcome, now, memory.unposted)
     outcome = replace(
         outcome,
         evaluation=replace(
