@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds allowed for every policy's first evaluation (default 600)")  # fmt: skip
     parser.add_argument("--recordings", default=",".join(RECORDINGS),
                         help="docs/examples/NAME.prom the pods replay, dealt to the policies in turn")  # fmt: skip
+    parser.add_argument("--operator-cpus", default="1",
+                        help="the CPUs the operator may run on (taskset -c; default 1: one core, the issue's "
+                        "bound); 'all' leaves it unpinned")  # fmt: skip
     parser.add_argument("--log-dir", type=Path, default=Path(".bench-logs"))
     parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
     parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -158,8 +161,9 @@ def one_run(size: int, args: argparse.Namespace, recordings: dict[str, Path]) ->
               f"{world.made_in_s:.0f} s", flush=True)  # fmt: skip
         port = free_port()
         before_start = apiserver_metrics(cluster)
+        pinned = [] if args.operator_cpus == "all" else ["taskset", "-c", args.operator_cpus]
         operator = e2e.chart_operator(
-            cluster, RELEASE, SYSTEM, folder / "operator.log", metrics_port=port
+            cluster, RELEASE, SYSTEM, folder / "operator.log", metrics_port=port, wrapper=pinned
         ).start()
         try:
             assert operator.process is not None
@@ -213,6 +217,14 @@ def one_run(size: int, args: argparse.Namespace, recordings: dict[str, Path]) ->
     )  # fmt: skip
 
 
+def pinning(cpus: str) -> str:
+    return (
+        "unpinned"
+        if cpus == "all"
+        else f"pinned to CPU {cpus} (`taskset -c {cpus}`; the rest share both cores)"
+    )
+
+
 def format_section(args: argparse.Namespace, rows: list[FleetFigures], machine: str, revision: str) -> str:
     source = (
         "through `target.podEndpoints` (a selector-less Service and its EndpointSlice)"
@@ -224,10 +236,11 @@ def format_section(args: argparse.Namespace, rows: list[FleetFigures], machine: 
     method = (
         f"`kvtune bench fleet --source {args.source} --policies {args.policies} --pods-per-policy {args.pods_per_policy} "
         f"--policies-per-namespace {args.policies_per_namespace} --interval {args.interval} --window "
-        f"{args.window:g}` at {revision}, on {machine}, shared by everything below. Each size on a fresh local "
+        f"{args.window:g} --operator-cpus {args.operator_cpus}` at {revision}, on {machine}, shared by everything below. Each size on a fresh local "
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), the chart installed "
-        "watching the fleet's namespaces, and the operator run as a process with the chart's args and a token of "
-        "its ServiceAccount. Each policy is Recommend, engine vllm, over its Deployment's pods on kwok nodes "
+        "watching the fleet's namespaces, and the operator run as a process with the chart's args (its default "
+        "client-side limit: 20 requests/s, bursts of 30; 16 evaluations at once) and a token of "
+        f"its ServiceAccount, {pinning(args.operator_cpus)}. Each policy is Recommend, engine vllm, over its Deployment's pods on kwok nodes "
         f"{source}; every pod's /metrics is "
         "served by one replay process in the pods' network namespace, replaying a real engine's recorded "
         f"scrapes ({', '.join(f'docs/examples/{n}.prom' for n in args.recordings.split(','))}, dealt to the "

@@ -24,6 +24,7 @@ from kvtune.operator.decide.ports import Actuator, MetricSource
 from kvtune.operator.io.actuators import PROXY_KNOBS, ComposedActuator, KvtuneAdminActuator
 from kvtune.operator.io.own_metrics import DEFAULT_PORT, OperatorMetrics
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, url_problem
+from kvtune.operator.k8s.rate_limit import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +99,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=120.0, help="--delete-policies: seconds to wait (default 120)"
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"in cluster: policy evaluations run at once, whatever the number of policies (default {DEFAULT_WORKERS})",
+    )
+    parser.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=DEFAULT_QPS,
+        help=f"in cluster: the operator's own API requests per second, sustained (client-side token bucket, "
+        f"as controller-runtime's; default {DEFAULT_QPS:g}); kopf's watches are apart",
+    )
+    parser.add_argument(
+        "--kube-api-burst",
+        type=int,
+        default=DEFAULT_BURST,
+        help=f"in cluster: API requests allowed at once above --kube-api-qps (default {DEFAULT_BURST})",
+    )
+    parser.add_argument(
         "--peering",
         metavar="NAME",
         help="in cluster: coordinate replicas through the kopf peering object NAME (one acts, the others "
@@ -157,6 +177,13 @@ def run_in_cluster(args: argparse.Namespace) -> int:
         raise KvtuneError("the in-cluster operator needs --namespace NS (repeatable) or --all-namespaces")
     if args.liveness_port is not None and not 1 <= args.liveness_port <= 65535:
         raise KvtuneError(f"--liveness-port {args.liveness_port}: must be 1-65535")
+    if not 1 <= args.workers <= 256:
+        raise KvtuneError(f"--workers {args.workers}: must be 1-256")
+    if args.kube_api_qps <= 0 or args.kube_api_burst < 1:
+        raise KvtuneError(
+            f"--kube-api-qps {args.kube_api_qps:g} / --kube-api-burst {args.kube_api_burst}: "
+            "need a rate above 0 and a burst of at least 1"
+        )
     if args.peering is not None and not args.peering.strip():
         raise KvtuneError("--peering needs a name (the KopfPeering / ClusterKopfPeering object)")
     import kopf
@@ -170,7 +197,8 @@ def run_in_cluster(args: argparse.Namespace) -> int:
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     logging.getLogger("kvtune.operator").info("no policy runs above mode %s (--max-mode)", max_mode.value)
     kopf.run(clusterwide=args.all_namespaces, namespaces=args.namespace, liveness_endpoint=liveness,
-             memo=kopf.Memo(operator_metrics=metrics, max_mode=max_mode),
+             memo=kopf.Memo(operator_metrics=metrics, max_mode=max_mode, workers=args.workers,
+                            kube_api_qps=args.kube_api_qps, kube_api_burst=args.kube_api_burst),
              **kopf_peering_arguments(args.peering))  # fmt: skip
     return 0
 

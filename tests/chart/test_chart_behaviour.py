@@ -67,7 +67,8 @@ def test_the_operator_runs_with_health_probes_metrics_and_peering(tmp_path: Path
     assert operator["image"] == f"{OPERATOR_IMAGE}:0.1.0"
     assert operator["args"] == [
         "operator", "--metrics-port", "9100", "--liveness-port", "8080", "--peering", "kvtune",
-        "--max-mode", "Recommend", "--namespace", NAMESPACE,
+        "--max-mode", "Recommend", "--workers", "16", "--kube-api-qps", "20", "--kube-api-burst", "30",
+        "--namespace", NAMESPACE,
     ]  # fmt: skip
     ports = {port["name"]: port["containerPort"] for port in operator["ports"]}
     assert ports == {"metrics": 9100, "health": 8080}

@@ -12,10 +12,13 @@ from __future__ import annotations
 import base64
 import json
 import re
+import signal
 import ssl
+import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +29,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kvtune.harness.local_http import free_port
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.e2e.cluster import Cluster, local_cluster, wait_for
 from tests.e2e.test_rbac import policy, workload
@@ -35,6 +39,7 @@ FLAG = "--max-num-seqs"  # the old vLLM image's admission flag, the one the oper
 START = 64
 INTERVAL_S = 1
 WEBHOOK = "kvtune-faults"
+SCRAPE_MS = 500  # the local Prometheus' scrape interval: well inside one policy interval
 
 
 class ReplayHandler(VllmHandler):
@@ -101,8 +106,11 @@ class Tuned:
         self.cluster.kubectl("rollout", "status", f"deployment/{self.name}", "-n", self.namespace,
                              "--timeout", "90s")  # fmt: skip
 
-    def create_policy(self) -> None:
+    def create_policy(self, metrics: dict[str, Any] | None = None) -> None:
+        """The policy, reading the engine's /metrics (or `metrics`: spec.metrics, e.g. through Prometheus)."""
         spec = vllm_policy("Deployment", self.name, url_of(self.engine))
+        if metrics is not None:
+            spec["metrics"] = metrics
         # a window longer than any fault: the evidence of the first two reads stays in it, so the decision
         # after a fault stands on the same figures as without one
         spec.update(intervalSeconds=INTERVAL_S, evaluationWindowSeconds=600)
@@ -398,3 +406,79 @@ def assert_applied_once_on_fresh_data(tuned: Tuned, catcher: PatchCatcher, basel
     reads = [t for t in tuned.engine.read_times if t <= landed]  # type: ignore[attr-defined]
     assert landed - reads[-1] <= INTERVAL_S, f"patched {landed - reads[-1]:.1f} s after the data it stood on"
     return landed
+
+
+@dataclass
+class LocalPrometheus:
+    """A real Prometheus 3 (`make monitoring-tools`' binary) as its own process, scraping one engine every
+    SCRAPE_MS under job `job`: stopped with SIGKILL and started again on the same TSDB, as a crashed pod is."""
+
+    folder: Path
+    target: str  # host:port
+    job: str
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalPrometheus:
+        lc = local_cluster()
+        binary = lc.monitoring_stack().monbins_dir() / "prometheus"
+        assert binary.exists(), f"{binary} missing: run `make monitoring-tools`, which `make test` does"
+        config = self.folder / "prometheus.yml"
+        config.write_text(json.dumps({
+            "global": {"scrape_interval": f"{SCRAPE_MS}ms", "scrape_timeout": f"{SCRAPE_MS}ms"},
+            "scrape_configs": [{"job_name": self.job, "static_configs": [{"targets": [self.target]}]}],
+        }))  # fmt: skip
+        if not self.port:
+            self.port = free_port()
+        argv = [str(binary), f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}"]  # fmt: skip
+        with (self.folder / "prometheus.log").open("ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(
+            "Prometheus ready",
+            lambda: self.ready() or self.process is None or self.process.poll() is not None,
+        )
+        assert self.process.poll() is None, (self.folder / "prometheus.log").read_text()[-3000:]
+        return self
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def scraped(self) -> bool:
+        """Whether the engine's series are in Prometheus (its `up` for the job is 1)."""
+        query = urllib.parse.urlencode({"query": f'up{{job="{self.job}"}}'})
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=2) as answer:
+                result = json.loads(answer.read())["data"]["result"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return bool(result) and result[0]["value"][1] == "1"
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def stored_after(tuned: Tuned, catcher: PatchCatcher, since: float) -> float:
+    """The patch the API server stored was one admitted at or after `since` (the fault's end), not the one
+    caught in flight: that one was given up, never stored late (see assert_applied_once_on_fresh_data)."""
+    landed = catcher.landed(tuned.name)
+    assert len(landed) >= 2 and landed[-1] >= since, (landed, since)
+    return landed[-1]

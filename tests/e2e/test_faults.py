@@ -1,8 +1,8 @@
 """Faults on the real control plane while the operator acts (issue 38): the operator (the chart's args, its
 ServiceAccount) runs a policy in Apply over a vLLM-shaped Deployment whose engine replays recorded scrapes of
-a preempting kvtune engine. The control-plane faults land exactly when its patch of the Deployment is in
-flight (an admission webhook catches it at the API server, faults.py); the partition right after its first
-scrape. For each fault the test checks:
+a preempting kvtune engine. The control-plane faults (kube-apiserver, etcd) land exactly when its patch of
+the Deployment is in flight (an admission webhook catches it at the API server, faults.py); the partition
+right after its first scrape; Prometheus (the policy reading through it) after its first read there. For each fault the test checks:
 - nothing is lost: status.original, the history, the tuner state and the value it holds are the one
   action, as without the fault;
 - no change is applied twice (one new generation, one TuningApplied), and none on data older than one
@@ -41,6 +41,7 @@ from tests.e2e.faults import (
     INTERVAL_S,
     START,
     Decision,
+    LocalPrometheus,
     Outage,
     PatchCatcher,
     Tuned,
@@ -53,6 +54,7 @@ from tests.e2e.faults import (
     patch_catcher,
     policies_version,
     replayed_engine,
+    stored_after,
     watch_expired,
 )
 from tests.e2e.pod_network import PodNetwork, ip
@@ -247,6 +249,91 @@ def test_a_partition_between_the_operator_and_the_pods_then_healed(
             lambda: (c := plane.condition(NAMESPACE, tuned.name, "Ready")) and c["status"] == "True",
         )
         assert tuned.deployment()["metadata"]["generation"] == 2
+
+
+def test_etcd_killed_with_a_patch_in_flight(
+    plane: Cluster, operator: Operator, catcher: PatchCatcher, baseline: Decision, engine: ThreadingHTTPServer,
+    record_testsuite_property: Record, tuned_here: list[Tuned],
+) -> None:  # fmt: skip
+    """etcd SIGKILLed when the operator's patch reaches the API server: the API server holds the write for
+    etcd, so without a deadline it would be stored once etcd is back, long after the data it was decided
+    on. The patch carries its deadline (one interval after the data was read): the API server gives it up,
+    the operator says it was not applied and why, and decides again on data read after etcd is back."""
+    tuned = Tuned(plane, NAMESPACE, "etcd-killed", engine, POOL)
+    tuned_here.append(tuned)
+    tuned.create_workload()
+    lc = local_cluster()
+    decided_on: list[float] = []
+
+    def kill_etcd() -> None:
+        decided_on.append(tuned.engine.read_times[-1])  # type: ignore[attr-defined]  # the data it stands on
+        lc.stop_component(plane.folder, "etcd", kill=True)
+
+    fired = catcher.arm(tuned.name, kill_etcd)
+    tuned.create_policy()
+    wait_for(f"the operator's patch of {tuned.name} in flight at the API server", fired.is_set)
+    fault_at, outage = time.time(), Outage()
+    # etcd back as soon as that data is older than one interval: a patch still held by the API server then
+    # would be stored late (and the operator, never told, would not patch again)
+    wait_for("the data the patch stands on to be older than one interval",
+             lambda: time.time() > decided_on[0] + INTERVAL_S, every=0.05)  # fmt: skip
+    lc.start_component(plane.folder, "etcd")
+    outage.end()
+    back_at = time.time()
+    tuned.decided()
+    outage.record("etcd killed, patch in flight", record_testsuite_property)
+    check_recovered(tuned, catcher, baseline, fault_at)
+    stored_after(tuned, catcher, back_at)
+    (failed,) = [m for m in tuned.events("ApplyFailed") if f"deployment {NAMESPACE}/{tuned.name}" in m]
+    assert "not applied; the next evaluation decides again" in failed, failed
+
+
+def test_prometheus_down_then_back(
+    plane: Cluster, operator: Operator, catcher: PatchCatcher, baseline: Decision,
+    record_testsuite_property: Record, tuned_here: list[Tuned], tmp_path: Path,
+) -> None:  # fmt: skip
+    """The policy reads its engine through a real Prometheus (spec.metrics.prometheus). Prometheus is killed
+    after the operator's first read through it, before there is evidence to act on: the operator says it has
+    no data (a NoMetrics Event, Ready False) and does nothing; once Prometheus is back (its TSDB kept) it
+    decides as without the fault, on data Prometheus scraped after it came back."""
+    with replayed_engine() as engine:
+        engine.files = ["kvtune_preempting_t0.prom"]  # type: ignore[attr-defined]  # quiet until released
+        host, port = engine.server_address[:2]
+        prometheus = LocalPrometheus(tmp_path, f"{host!s}:{port}", "faults-prometheus").start()
+        try:
+            wait_for("Prometheus to scrape the engine", prometheus.scraped)
+            tuned = Tuned(plane, NAMESPACE, "prometheus-down", engine, POOL)
+            tuned_here.append(tuned)
+            tuned.create_workload()
+            tuned.create_policy(
+                {"prometheus": {"url": prometheus.url, "selector": '{job="faults-prometheus"}'}}
+            )
+            wait_for("the operator's first read through Prometheus",
+                     lambda: (tuned.status().get("current") or {}).get("maxNumSeqs") == START)  # fmt: skip
+            prometheus.kill()
+            outage = Outage()
+            engine.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
+            (said,) = wait_for("the operator to say it has no data", lambda: tuned.events("NoMetrics"))
+            ready = wait_for("Ready False for the missing metrics", lambda: (
+                c := plane.condition(NAMESPACE, tuned.name, "Ready")) and c["status"] == "False" and c)  # fmt: skip
+            assert ready["reason"] == "NoMetrics" and "unreachable" in said, (
+                ready,
+                said,
+            )
+            assert not tuned.applied() and tuned.deployment()["metadata"]["generation"] == 1
+            prometheus.start()
+            back_at = time.time()
+            outage.end()
+            entry = tuned.decided()
+            outage.record("Prometheus killed, then back", record_testsuite_property)
+            assert entry["at"] >= back_at - INTERVAL_S, "decided on data from before Prometheus was back"
+            assert_nothing_lost(tuned, baseline)
+            assert_applied_once_on_fresh_data(tuned, catcher, baseline)
+            wait_for("Ready again", lambda: (
+                c := plane.condition(NAMESPACE, tuned.name, "Ready")) and c["status"] == "True")  # fmt: skip
+            assert tuned.deployment()["metadata"]["generation"] == 2
+        finally:
+            prometheus.stop()
 
 
 def test_helm_upgrade_with_a_policy_in_flight(

@@ -192,8 +192,8 @@ def test_a_concurrent_write_makes_a_real_conflict_that_is_retried(
     class RacedApi(KubeApi):
         raced = False
 
-        def read_workload(self, kind: Any, ns: str, workload: str) -> dict[str, Any]:
-            read = super().read_workload(kind, ns, workload)
+        def read_workload(self, kind: Any, ns: str, workload: str, fresh: bool = False) -> dict[str, Any]:
+            read = super().read_workload(kind, ns, workload, fresh)
             if not self.raced:  # the other writer lands after this read, before the patch
                 self.raced = True
                 admin.patch_namespaced_deployment(

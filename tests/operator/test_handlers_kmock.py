@@ -117,7 +117,9 @@ def kube(kmock: OptimisticEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPa
         kind="KVTuningPolicy", namespaced=True, subresources={"status"},
         verbs={"get", "list", "watch", "patch", "update"},
     )  # fmt: skip
-    kmock.resources["apps/v1/deployments"] = kmock.ResourceInfo(kind="Deployment", namespaced=True)
+    kmock.resources["apps/v1/deployments"] = kmock.ResourceInfo(
+        kind="Deployment", namespaced=True, verbs={"get", "list", "watch", "patch"}
+    )
     kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True)
     kmock.resources["v1/secrets"] = kmock.ResourceInfo(kind="Secret", namespaced=True)
     # kopf's backbone: it must discover namespaces (kmock 0.8 cannot parse /api/v1/namespaces, so the test

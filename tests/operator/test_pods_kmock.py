@@ -153,7 +153,7 @@ class Workload:
 @pytest.fixture
 def workload(kube: OptimisticEmulator) -> Iterator[Workload]:  # noqa: F811
     kube.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
-        kind="EndpointSlice", namespaced=True
+        kind="EndpointSlice", namespaced=True, verbs={"list", "watch"}
     )
     # another Service's slice in the namespace: its pod (nothing listens there) is never read
     kube.objects[SLICES, NS, "other-xyz"] = {

@@ -175,7 +175,7 @@ ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
 @pytest.fixture
 def workload(kube: OptimisticEmulator) -> Iterator[SidecarWorkload]:  # noqa: F811
     kube.resources["discovery.k8s.io/v1/endpointslices"] = kmock.ResourceInfo(
-        kind="EndpointSlice", namespaced=True
+        kind="EndpointSlice", namespaced=True, verbs={"list", "watch"}
     )
     engine_port = free_port(ADDRESSES)
     proxy_port = free_port(ADDRESSES)

@@ -195,7 +195,9 @@ class Scenario(NamedTuple):
 def set_up(
     cluster: OptimisticEmulator, pods: Workload, engines: Callable[[str | None], str], clusterwide: bool
 ) -> Scenario:
-    cluster.resources["apps/v1/statefulsets"] = kmock.ResourceInfo(kind="StatefulSet", namespaced=True)
+    cluster.resources["apps/v1/statefulsets"] = kmock.ResourceInfo(
+        kind="StatefulSet", namespaced=True, verbs={"get", "list", "watch", "patch"}
+    )
     # the autoscalers a policy with spec.scaling looks for (none here: the signal is exported, not withdrawn)
     cluster.resources["autoscaling/v2/horizontalpodautoscalers"] = kmock.ResourceInfo(
         kind="HorizontalPodAutoscaler", namespaced=True
@@ -315,12 +317,20 @@ def granting(call: ApiCall, grants: set[Grant], namespace: str | None) -> set[Gr
     return {grant for grant in (exact, exact._replace(name="")) if grant in grants}
 
 
+# Made only when the operator's watch has not yet brought the workload (a GET in its place); under Apply the
+# read before each patch always makes it. Granted, and allowed to go unused in a run.
+CACHE_MISS_GRANTS = {
+    Grant("get", "apps", "deployments", "", ""),
+    Grant("get", "apps", "statefulsets", "", ""),
+}
+
+
 def assert_exactly_granted(calls: set[ApiCall], role: dict[str, Any], namespace: str | None) -> None:
     print("API calls:", *sorted(calls), sep="\n  ")
     grants = rule_grants(role)
     missing = sorted(call for call in calls if not granting(call, grants, namespace))
     used = set().union(*(granting(call, grants, namespace) for call in calls))
-    extra = sorted(grants - used)
+    extra = sorted(grants - used - CACHE_MISS_GRANTS)
     where = f"the Role in {namespace}" if namespace else "the ClusterRole"
     assert not missing and not extra, (
         f"{where} must grant exactly the operator's calls.\n"
@@ -403,8 +413,8 @@ async def test_under_observe_and_recommend_the_role_grants_exactly_the_calls_and
     (role,) = by_kind(render(values, tmp_path), "Role")
     assert_exactly_granted(calls, role, NS)
     assert {(g.verb, g.resource) for g in rule_grants(role) if g.group == "apps"} == {
-        ("get", "deployments"), ("get", "statefulsets"),
-    }  # fmt: skip
+        (verb, resource) for verb in ("get", "list", "watch") for resource in ("deployments", "statefulsets")
+    }
 
 
 @pytest.mark.asyncio

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from kvtune.contract import metrics as m
-from kvtune.operator.decide.admission_flag import choose_flag, parse_version
+from kvtune.operator.decide.admission_flag import choose_flag
 from kvtune.operator.decide.sample import Sample
+from kvtune.operator.io.engine_version import read_vllm_version
 
-VERSION_TIMEOUT_S = 3.0
 ASKED = "the engine's /version"  # where choose_flag says a reported version came from
 NOT_VLLM_GAUGES = (m.MAX_NUM_SEQS, m.RETRACTED_NOW, m.CACHE_HIT_RATE_GAUGE)  # kvtune's, SGLang's own
 
@@ -22,16 +20,6 @@ NOT_VLLM_GAUGES = (m.MAX_NUM_SEQS, m.RETRACTED_NOW, m.CACHE_HIT_RATE_GAUGE)  # k
 def engine_base(metrics_url: str) -> str:
     """The server's base URL from its /metrics URL (or its base URL)."""
     return metrics_url.rstrip("/").removesuffix("/metrics")
-
-
-def read_vllm_version(base_url: str) -> str | None:
-    """vLLM's own version from `GET /version` (`{"version": "0.32.1"}`); None when it does not answer one."""
-    try:
-        answer = httpx.get(base_url + "/version", timeout=VERSION_TIMEOUT_S)
-        version = answer.json().get("version") if answer.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return str(version) if isinstance(version, str) and parse_version(version) is not None else None
 
 
 def admission_advice(

@@ -13,6 +13,7 @@ import httpx
 from kvtune.contract.admin import ADMIN_CONFIG_PATH
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.ports import Actuator, ActuatorInfo, ActuatorResult, KnobReadings, combined
+from kvtune.operator.io.http import shared_client
 
 ENGINE_KNOBS = frozenset({KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP})
 PROXY_KNOBS = frozenset({KNOB_MAX_TOKENS_CAP})  # a kvtune proxy caps max_tokens; max_num_seqs is the engine's
@@ -39,7 +40,9 @@ class KvtuneAdminActuator:
 
     def _call(self, method: str, body: dict[str, int | str | None] | None = None) -> ActuatorResult:
         try:
-            response = httpx.request(method, self.url, json=body, headers=self.headers, timeout=self.timeout)
+            response = shared_client().request(
+                method, self.url, json=body, headers=self.headers, timeout=self.timeout
+            )
         except (httpx.HTTPError, httpx.InvalidURL) as err:
             return ActuatorResult(False, {}, f"{self.name} unreachable: {type(err).__name__}: {err}")
         if response.status_code != 200:

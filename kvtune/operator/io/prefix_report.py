@@ -14,12 +14,13 @@ import httpx
 
 from kvtune.contract.prefix_report import PrefixReport
 from kvtune.operator.decide.prefix_fixes import fix_text, where_text
+from kvtune.operator.io.http import shared_client
 
 
 def fetch_report(url: str, timeout: float = 5.0) -> PrefixReport | None:
     """The report's JSON, or None when the server has none to give."""
     try:
-        response = httpx.get(url, timeout=timeout)
+        response = shared_client().get(url, timeout=timeout)
         data = response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, httpx.InvalidURL, ValueError):
         return None

@@ -11,8 +11,11 @@ status the CRD schema owns."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -20,6 +23,7 @@ import pydantic
 
 from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
 from kvtune.operator.decide.policy import Mode
+from kvtune.operator.io.http import close_shared_client
 from kvtune.operator.io.own_metrics import (
     ERROR_EVALUATION,
     ERROR_INVALID_SPEC,
@@ -28,8 +32,11 @@ from kvtune.operator.io.own_metrics import (
 )
 from kvtune.operator.k8s.crd import GROUP, PLURAL, VERSION, KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.informer import ObjectCache
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
+from kvtune.operator.k8s.rate_limit import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS, TokenBucket
 from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.status_writes import refresh_seconds
 
 INVALID_SPEC_RETRY_S = 60.0
 
@@ -44,14 +51,39 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # RBAC grants neither (tests/operator/test_rbac_proof.py proves it grants exactly the calls made).
     settings.scanning.disabled = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    memo.kube_api = KubeApi.from_environment()  # every policy's daemon gets a copy of this memo
+    limiter = TokenBucket(
+        getattr(memo, "kube_api_qps", DEFAULT_QPS), getattr(memo, "kube_api_burst", DEFAULT_BURST)
+    )
+    # every policy's daemon gets a copy of this memo: one client, one cache, one pool of evaluation threads
+    memo.kube_api = KubeApi.from_environment(limiter, ObjectCache())
+    memo.tick_pool = ThreadPoolExecutor(
+        getattr(memo, "workers", DEFAULT_WORKERS), thread_name_prefix="kvtune-tick"
+    )
+    memo.policies = set()  # the policies whose daemons run: how many share the status writes' budget
     if getattr(memo, "operator_metrics", None) is None:  # run without `kvtune operator`: recorded, not served
         memo.operator_metrics = OperatorMetrics()
 
 
 @kopf.on.cleanup()
 def close_client(memo: kopf.Memo, **_: Any) -> None:
+    memo.tick_pool.shutdown(wait=False, cancel_futures=True)
     memo.kube_api.close()
+    close_shared_client()
+
+
+def _cache(kind: str) -> Callable[..., None]:
+    def keep(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "kube_api", None) is not None and memo.kube_api.cache is not None:
+            memo.kube_api.cache.saw(kind, event.get("type"), event.get("object") or {})
+
+    keep.__name__ = f"cache_{kind.lower()}s"  # kopf names handlers by their function
+    return keep
+
+
+# The watches that keep `ObjectCache`: what the evaluations read of the workloads and their pods' slices.
+kopf.on.event("apps", "v1", "deployments")(_cache("Deployment"))
+kopf.on.event("apps", "v1", "statefulsets")(_cache("StatefulSet"))
+kopf.on.event("discovery.k8s.io", "v1", "endpointslices")(_cache("EndpointSlice"))
 
 
 @kopf.on.login()
@@ -62,10 +94,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory, generation: int | None,
          metrics: OperatorMetrics, logger: logging.Logger | logging.LoggerAdapter[Any],
-         max_mode: Mode = Mode.APPLY, undo_request: str | None = None) -> None:  # fmt: skip
+         max_mode: Mode = Mode.APPLY, undo_request: str | None = None, status_refresh_s: float = 0.0) -> None:  # fmt: skip
     """One evaluation, in a worker thread; nothing it meets may stop the daemon (it is counted instead)."""
     try:
-        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics, max_mode, undo_request)
+        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics, max_mode, undo_request,
+                           status_refresh_s)  # fmt: skip
         logger.info("%s", outcome.status.note)
     except KubeError as err:
         logger.error("Kubernetes API: %s", err)
@@ -88,6 +121,19 @@ async def tune(
 ) -> None:
     ref = PolicyRef(namespace or "default", name, body.metadata.uid)  # the CRD is namespaced
     memory = PolicyMemory.resume(dict(status))
+    memo.policies.add(ref)
+    try:
+        await _evaluate_until_stopped(body, ref, memory, stopped, memo, logger)
+    finally:
+        memo.policies.discard(ref)
+        # deleted, or the operator stops: no stale series
+        memo.operator_metrics.forget(ref.namespace, ref.name)
+
+
+async def _evaluate_until_stopped(
+    body: kopf.Body, ref: PolicyRef, memory: PolicyMemory, stopped: kopf.DaemonStopped, memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:  # fmt: skip
     while not stopped:
         try:
             spec = KVTuningPolicySpec.model_validate(dict(body.spec))  # live: follows spec edits
@@ -99,7 +145,9 @@ async def tune(
         generation = body.metadata.get("generation")
         undo_request = body.metadata.annotations.get(UNDO_ANNOTATION) or None  # live, like the spec
         max_mode = getattr(memo, "max_mode", Mode.APPLY)  # `kvtune operator --max-mode`
-        await asyncio.to_thread(tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics,
-                                logger, max_mode, undo_request)  # fmt: skip
+        refresh = refresh_seconds(len(memo.policies), memo.kube_api.limiter.qps, float(spec.interval_seconds))
+        # the operator's own pool (`--workers`): bounded, whatever the number of policies
+        evaluate = functools.partial(tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics,
+                                     logger, max_mode, undo_request, refresh)  # fmt: skip
+        await asyncio.get_running_loop().run_in_executor(memo.tick_pool, evaluate)
         await stopped.wait(float(spec.interval_seconds))
-    memo.operator_metrics.forget(ref.namespace, ref.name)  # deleted, or the operator stops: no stale series

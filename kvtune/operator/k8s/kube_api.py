@@ -15,6 +15,7 @@ in a worker thread so the event loop stays free.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -26,7 +27,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
+from kvtune.operator.k8s.bounded_patch import bounded_patch, workload_path
 from kvtune.operator.k8s.crd import GROUP, PLURAL, VERSION
+from kvtune.operator.k8s.informer import ObjectCache
+from kvtune.operator.k8s.rate_limit import TokenBucket
 
 # metadata only (no data travels), or the whole object from an API server that cannot answer that
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
@@ -38,6 +42,8 @@ FIELD_MANAGER = "kvtune"
 WorkloadKind = Literal["Deployment", "StatefulSet"]
 WORKLOAD_KINDS: tuple[WorkloadKind, ...] = ("Deployment", "StatefulSet")
 Json = dict[str, Any]
+THROTTLE_LOG_S = 1.0  # a wait this long on the client-side limit is logged, as client-go does
+logger = logging.getLogger(__name__)
 Load = Callable[[], client.Configuration]
 
 
@@ -99,15 +105,19 @@ class KubeApi:
     """One per process, shared by every evaluation: it logs in once, and again only when the API server
     answers 401 Unauthorized."""
 
-    def __init__(self, load: Load, timeout: float = 10.0) -> None:
+    def __init__(self, load: Load, timeout: float = 10.0, limiter: TokenBucket | None = None,
+                 cache: ObjectCache | None = None) -> None:  # fmt: skip
         self._load = load
         self._timeout = timeout
         self._lock = threading.Lock()
         self._client = self._new_client()
+        self.limiter = limiter or TokenBucket(0.0)  # no limit unless given one (the operator gives it)
+        self.cache = cache  # the watches' view of workloads and EndpointSlices, where the operator keeps one
+        self.throttled_s = 0.0  # seconds callers waited on the limiter, all told
 
     @staticmethod
-    def from_environment() -> KubeApi:
-        return KubeApi(environment_configuration)
+    def from_environment(limiter: TokenBucket | None = None, cache: ObjectCache | None = None) -> KubeApi:
+        return KubeApi(environment_configuration, limiter=limiter, cache=cache)
 
     def _new_client(self) -> client.ApiClient:
         configuration = self._load()
@@ -133,7 +143,13 @@ class KubeApi:
                 stale.close()  # type: ignore[no-untyped-call]
 
     def _call(self, what: str, call: Callable[[client.ApiClient, float], Any]) -> Any:
-        """Run one library call (made with `_preload_content=False`) and decode its JSON body."""
+        """Run one library call (made with `_preload_content=False`), once the rate limit allows, and decode
+        its JSON body."""
+        waited = self.limiter.take()
+        if waited > 0:
+            self.throttled_s += waited
+            if waited >= THROTTLE_LOG_S:
+                logger.warning("waited %.1f s for client-side rate limiting before %s", waited, what)
         api_client = self._client
         try:
             try:
@@ -157,22 +173,36 @@ class KubeApi:
         data = self._call(what, call)
         return data if isinstance(data, dict) else {}
 
-    def read_workload(self, kind: WorkloadKind, namespace: str, name: str) -> Json:
-        """A Deployment or StatefulSet (apps/v1)."""
+    def read_workload(self, kind: WorkloadKind, namespace: str, name: str, fresh: bool = False) -> Json:
+        """A Deployment or StatefulSet (apps/v1): as the watch last saw it, unless `fresh` (or not seen)."""
+        if self.cache is not None and not fresh:
+            seen = self.cache.workload(kind, namespace, name)
+            if seen is not None:
+                return seen
         read = {
             "Deployment": client.AppsV1Api.read_namespaced_deployment,
             "StatefulSet": client.AppsV1Api.read_namespaced_stateful_set,
         }[kind]
-        return self._object(
+        found = self._object(
             f"GET {kind} {namespace}/{name}",
             lambda c, t: read(
                 client.AppsV1Api(c), name, namespace, _preload_content=False, _request_timeout=t
             ),
         )
+        if self.cache is not None:
+            self.cache.read_through(kind, found)
+        return found
 
-    def patch_workload(self, kind: WorkloadKind, namespace: str, name: str, patch: Json) -> Json:
+    def patch_workload(
+        self, kind: WorkloadKind, namespace: str, name: str, patch: Json, deadline: float | None = None
+    ) -> Json:
         """A JSON merge patch of a Deployment or StatefulSet, as field manager `kvtune`; a stale
-        metadata.resourceVersion in it gets 409 Conflict."""
+        metadata.resourceVersion in it gets 409 Conflict. With `deadline` (a time.time()), one the API server
+        gives up on at that time and that is never retried (k8s/bounded_patch.py)."""
+        if deadline is not None:
+            path = workload_path(kind, namespace, name)
+            return self._object(f"PATCH {kind} {namespace}/{name}",
+                                lambda c, t: bounded_patch(c, path, patch, deadline, MERGE_PATCH, FIELD_MANAGER))  # fmt: skip
         send = {
             "Deployment": client.AppsV1Api.patch_namespaced_deployment,
             "StatefulSet": client.AppsV1Api.patch_namespaced_stateful_set,
@@ -213,7 +243,11 @@ class KubeApi:
         )
 
     def list_endpoint_slices(self, namespace: str, service: str) -> list[Json]:
-        """The EndpointSlices (discovery.k8s.io/v1) of one Service."""
+        """The EndpointSlices (discovery.k8s.io/v1) of one Service, as the watch last saw them where it has."""
+        if self.cache is not None:
+            seen = self.cache.endpoint_slices(namespace, service)
+            if seen is not None:
+                return seen
         data = self._object(
             f"LIST EndpointSlices {namespace} service={service}",
             lambda c, t: client.DiscoveryV1Api(c).list_namespaced_endpoint_slice(
@@ -223,7 +257,10 @@ class KubeApi:
                 _request_timeout=t,
             ),
         )
-        return [item for item in data.get("items") or [] if isinstance(item, dict)]
+        slices = [item for item in data.get("items") or [] if isinstance(item, dict)]
+        if self.cache is not None:
+            self.cache.read_through_slices(namespace, service, slices)
+        return slices
 
     def list_autoscalers(self, namespace: str) -> tuple[list[Json], list[Json]]:
         """The namespace's HorizontalPodAutoscalers (autoscaling/v2) and KEDA ScaledObjects (keda.sh/v1alpha1;

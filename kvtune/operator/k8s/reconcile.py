@@ -7,6 +7,7 @@ and failure. Missing metrics or an unusable actuator become conditions and Event
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.core.objectives import default_round_to
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.diagnosis import corrupt_text
+from kvtune.operator.decide.freshness import Freshness
 from kvtune.operator.decide.loop import Held, Tick, step, window_length
 from kvtune.operator.decide.mode_ceiling import ModeDecision, effective_mode
 from kvtune.operator.decide.policy import Mode, TuningPolicy
@@ -66,6 +68,7 @@ from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 from kvtune.operator.k8s.pods import PooledSource
 from kvtune.operator.k8s.replica_signal import replica_signal
 from kvtune.operator.k8s.secret_cache import SecretCache
+from kvtune.operator.k8s.status_writes import StatusWrites
 from kvtune.operator.k8s.wiring import actuator_for, advisory, args_actuator_of, source_for
 from kvtune.operator.k8s.workload import is_workload, pod_statuses, workload_pods, workload_source
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
@@ -101,6 +104,23 @@ class Unposted:
     name: str
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What a replica found in a policy's status when it began to evaluate it (a restart, a takeover from a
+    peer that stopped or was killed, an upgrade): told once, as an OperatorResumed Event."""
+
+    history: int
+    last_evaluated: float | None
+    pending: str | None  # the change still being judged, as the status holds it
+
+    def message(self, now: float) -> str:
+        ago = "never evaluated" if self.last_evaluated is None else (
+            f"last evaluated {max(0.0, now - self.last_evaluated):.0f} s ago")  # fmt: skip
+        judged = f"; still judging {self.pending}" if self.pending else ""
+        return (f"this operator replica resumed the policy from its status: history {self.history} "
+                f"entries, {ago}{judged}")  # fmt: skip
+
+
 @dataclass
 class PolicyMemory:
     """What the operator keeps between evaluations of one policy: the tuner state (also in status, to
@@ -130,6 +150,8 @@ class PolicyMemory:
     exported: tuple[int | None, float | None] = (None, None)  # desired replicas and load ratio last exported
     held: str | None = None  # why a change that restarts the pods was held at the last evaluation
     unposted: list[Unposted] = field(default_factory=list)  # Events to post again (the API server was down)
+    resumed: Resumed | None = None  # what was taken over from status, until told (OperatorResumed)
+    status_writes: StatusWrites = field(default_factory=StatusWrites)  # what was last written, and when
 
     @staticmethod
     def resume(status: dict[str, Any] | None) -> PolicyMemory:
@@ -146,7 +168,19 @@ class PolicyMemory:
             undo=saved.undo,
             watch=saved.workload or WorkloadWatch(),
             current=knobs_of(saved.current),
+            resumed=resumed_from(saved),
         )
+
+
+def resumed_from(saved: KVTuningPolicyStatus) -> Resumed | None:
+    """What an evaluation by an earlier replica left in status (None when no replica evaluated it yet)."""
+    if saved.last_evaluation_time is None and not saved.history and saved.tuner_state is None:
+        return None
+    state = state_from_status(saved)
+    pending = state.pending
+    what = f"{pending.knob} {pending.before} -> {pending.after}" if pending is not None else None
+    last = saved.last_evaluation_time.timestamp() if saved.last_evaluation_time is not None else None
+    return Resumed(len(saved.history), last, what)
 
 
 def knobs_of(values: KnobValues | None) -> Knobs | None:
@@ -462,6 +496,9 @@ def evaluate(
     decision = effective_mode(Mode(spec.mode), max_mode, undo_hold=undo_request is not None)
     policy: TuningPolicy = replace(spec.to_policy(), mode=decision.mode)
     capped, events = mode_condition(memory, decision, now)
+    if memory.resumed is not None:
+        events.insert(0, EventSpec("Normal", "OperatorResumed", memory.resumed.message(now)))
+        memory.resumed = None
     keep = window_length(policy, float(spec.interval_seconds))
     if memory.samples.maxlen != keep:
         memory.samples = deque(memory.samples, maxlen=keep)
@@ -499,6 +536,8 @@ def evaluate(
     horizon = keep * float(spec.interval_seconds)
     pooled = workload_source(spec, pods, memory.pool, horizon) if workload else None
     source = pooled if pooled is not None else source_for(spec)
+    if args is not None:  # its patches land within one interval of the data read now, or are not made
+        args.decides_on(Freshness(time.time(), float(spec.interval_seconds)))
     tick = step(source, actuator, policy, start, memory.samples, now)
     info = actuator.describe()  # after the step: what the pods answered to it
     seen = history_keys(previous)
@@ -597,19 +636,28 @@ def evaluate(
 
 
 def write(
-    api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float, unposted: list[Unposted] | None = None
-) -> tuple[str, ...]:
-    """Patch the status subresource and post the Events (first those `unposted` kept from earlier ticks);
-    failures are logged (the next tick retries) and returned as error kinds for the operator's metrics. An
-    Event the API server could not take for a passing reason goes back into `unposted` (UNPOSTED_LIMIT of
-    them, for UNPOSTED_MAX_AGE_S)."""
+    api: KubeApi, policy_ref: PolicyRef, outcome: Outcome, now: float, unposted: list[Unposted] | None = None,
+    writes: StatusWrites | None = None, status_refresh_s: float = 0.0,
+) -> tuple[str, ...]:  # fmt: skip
+    """Patch the status subresource (when `writes` says it is due: changed in meaning, or not written for
+    `status_refresh_s`) and post the Events (first those `unposted` kept from earlier ticks); failures are
+    logged (the next tick retries) and returned as error kinds for the operator's metrics. An Event the API
+    server could not take for a passing reason goes back into `unposted` (UNPOSTED_LIMIT of them, for
+    UNPOSTED_MAX_AGE_S)."""
     failed: list[str] = []
-    body = patch_body({"status": outcome.status.model_dump(mode="json", by_alias=True)})
-    try:
-        api.patch_policy_status(policy_ref.namespace, policy_ref.name, body)
-    except KubeError as err:
-        logger.error("could not write the status of %s/%s: %s", policy_ref.namespace, policy_ref.name, err)
-        failed.append(ERROR_STATUS_WRITE)
+    status = outcome.status.model_dump(mode="json", by_alias=True)
+    if writes is None or writes.due(status, now, status_refresh_s):
+        try:
+            api.patch_policy_status(policy_ref.namespace, policy_ref.name, patch_body({"status": status}))
+            if writes is not None:
+                writes.wrote(status, now)
+        except KubeError as err:
+            logger.error(
+                "could not write the status of %s/%s: %s", policy_ref.namespace, policy_ref.name, err
+            )
+            failed.append(ERROR_STATUS_WRITE)
+            if writes is not None:
+                writes.failed()
     fresh = [Unposted(event, now, event_name(policy_ref, now)) for event in outcome.events]
     waiting = [*(unposted or ()), *fresh]
     if unposted is not None:
@@ -637,10 +685,11 @@ def run_once(
     metrics: OperatorMetrics | None = None,
     max_mode: Mode = Mode.APPLY,
     undo_request: str | None = None,
+    status_refresh_s: float = 0.0,
 ) -> Outcome:
     """Evaluate, write, and record the tick (with any write failures) in the operator's own metrics."""
     outcome = evaluate(api, policy_ref, spec, memory, now, generation, max_mode, undo_request)
-    failed = write(api, policy_ref, outcome, now, memory.unposted)
+    failed = write(api, policy_ref, outcome, now, memory.unposted, memory.status_writes, status_refresh_s)
     outcome = replace(
         outcome,
         evaluation=replace(

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
-
-import httpx
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.admission_flag import (
@@ -28,13 +28,14 @@ from kvtune.operator.decide.admission_flag import (
     choose_flag,
     container_device,
 )
+from kvtune.operator.decide.freshness import Freshness
 from kvtune.operator.decide.ports import ActuatorInfo, ActuatorResult
+from kvtune.operator.io.engine_version import VERSIONS
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError, WorkloadKind
 
 # the engine flag that bounds concurrently running requests (vLLM's is chosen per workload)
 FLAGS = {"vllm": MAX_NUM_SEQS, "sglang": "--max-running-requests"}
 CONFLICT_RETRIES = 5
-VERSION_TIMEOUT_S = 3.0
 CHANGE_CAUSE = "kubernetes.io/change-cause"
 CHANGE_CAUSE_LIMIT = 1024
 
@@ -114,24 +115,27 @@ class WorkloadArgsActuator:
         self.engine = engine
         self.admission: AdmissionFlagChoice = admission
         self.version_url = version_url
-        self._reported_version: str | None = None
         self.flag_choice: FlagChoice | None = None  # the flag of the last read: Events and status name it
         self.patched_generation: int | None = (
             None  # the generation the last patch made (a rollout to wait for)
         )
         self.conflicts = 0  # resourceVersion conflicts met (and retried) by this actuator's patches
         self.observed: dict[str, Any] | None = None  # the workload as this evaluation read it (see observe)
+        # the data this evaluation decides on (decide/freshness.py): a patch lands within one interval of it
+        # or is not made; None: no bound (the actuator used outside an evaluation)
+        self.freshness: Freshness | None = None
+        self.clock: Callable[[], float] = time.time
+
+    def decides_on(self, freshness: Freshness, clock: Callable[[], float] = time.time) -> None:
+        """Bound this evaluation's patches by the freshness of the data it decided on."""
+        self.freshness, self.clock = freshness, clock
+
+    def _stale(self) -> str | None:
+        return None if self.freshness is None else self.freshness.stale(self.clock())
 
     def reported_version(self) -> str | None:
-        """vLLM's own `GET /version`, read once it answers (None while it cannot be read)."""
-        if self._reported_version is None and self.version_url is not None:
-            try:
-                answer = httpx.get(self.version_url.rstrip("/") + "/version", timeout=VERSION_TIMEOUT_S)
-                version = answer.json().get("version") if answer.status_code == 200 else None
-                self._reported_version = str(version) if version else None
-            except (httpx.HTTPError, ValueError, AttributeError):
-                return None
-        return self._reported_version
+        """vLLM's own `GET /version`, from the process's cache of answers (None while it cannot be read)."""
+        return VERSIONS.version(self.version_url) if self.version_url is not None else None
 
     def _container(self, workload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         containers = workload.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []
@@ -160,8 +164,8 @@ class WorkloadArgsActuator:
         found = self._read(container, flag)
         return found if found is not None or flag == MAX_NUM_SEQS else self._read(container, MAX_NUM_SEQS)
 
-    def read(self) -> dict[str, Any]:
-        return self.api.read_workload(self.kind, self.namespace, self.name)
+    def read(self, fresh: bool = False) -> dict[str, Any]:
+        return self.api.read_workload(self.kind, self.namespace, self.name, fresh)
 
     def observe(self, workload: dict[str, Any]) -> None:
         """Take `workload` (read this evaluation, for its rollout and reverts) as what `current()` reports, so
@@ -222,8 +226,11 @@ class WorkloadArgsActuator:
             return ActuatorResult(False, {}, f"max_num_seqs must be a positive integer, got {value!r}")
         self.patched_generation = None
         for attempt in range(1, CONFLICT_RETRIES + 1):
+            stale = self._stale()
+            if stale is not None:
+                return ActuatorResult(False, {}, f"{self.where}: {stale}")
             try:
-                workload = self.read()
+                workload = self.read(fresh=True)  # the write's resourceVersion: never the watch's copy
                 index, container = self._container(workload)
                 flag = self._flag(container).flag
                 wanted = (
@@ -253,7 +260,11 @@ class WorkloadArgsActuator:
                 if version is not None:
                     metadata["resourceVersion"] = version
                 patch = {"metadata": metadata, "spec": {"template": {"spec": {"containers": containers}}}}
-                patched = self.api.patch_workload(self.kind, self.namespace, self.name, patch)
+                stale = self._stale()
+                if stale is not None:  # the reads took too long (the API server slow or away)
+                    return ActuatorResult(False, {}, f"{self.where}: {stale}")
+                deadline = self.freshness.deadline if self.freshness is not None else None
+                patched = self.api.patch_workload(self.kind, self.namespace, self.name, patch, deadline)
                 _, after = self._container(patched)
             except KubeError as err:
                 if err.status == 409:
@@ -261,6 +272,9 @@ class WorkloadArgsActuator:
                     logger.warning("%s changed while it was patched (attempt %d of %d): read again and "
                                    "retried", self.where, attempt, CONFLICT_RETRIES)  # fmt: skip
                     continue
+                stale = self._stale()
+                if stale is not None:  # e.g. the API server gave up on it at the deadline (etcd away)
+                    return ActuatorResult(False, {}, f"{self.where}: {err}; {stale}")
                 return ActuatorResult(False, {}, f"{self.where}: {err}")
             generation = patched.get("metadata", {}).get("generation")
             self.patched_generation = generation if isinstance(generation, int) else None
