@@ -9,6 +9,7 @@ from __future__ import annotations
 from kvtune.operator.decide.ports import Actuator, ActuatorInfo, ActuatorResult, MetricSource
 from kvtune.operator.decide.sample import NoData
 from kvtune.operator.io.actuators import ENGINE_KNOBS, PROXY_KNOBS, ComposedActuator, KvtuneAdminActuator
+from kvtune.operator.io.prometheus_batch import BATCHERS
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, PrometheusSource
 from kvtune.operator.k8s.crd import KVTuningPolicySpec, SecretKeyRef
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
@@ -43,7 +44,8 @@ def source_for(spec: KVTuningPolicySpec) -> MetricSource:
     metrics = spec.metrics
     assert metrics is not None  # the model requires metrics unless the target's pods are read
     if metrics.prometheus is not None:
-        return PrometheusSource(metrics.prometheus.url, metrics.prometheus.selector)
+        return PrometheusSource(metrics.prometheus.url, metrics.prometheus.selector,
+                                batcher=BATCHERS.for_url(metrics.prometheus.url))  # fmt: skip
     assert metrics.metrics_url is not None  # the model guarantees exactly one
     if metrics.proxy_metrics_url is not None:
         return EngineWithProxy(

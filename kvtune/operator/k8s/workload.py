@@ -19,6 +19,7 @@ from kvtune.operator.io.actuators import (
     FanOutActuator,
     KvtuneAdminActuator,
 )
+from kvtune.operator.io.prometheus_batch import BATCHERS
 from kvtune.operator.io.sources import PrometheusSource
 from kvtune.operator.k8s.crd import POD_STATUS_LIMIT, KVTuningPolicySpec, PodEndpoints, PodStatus
 from kvtune.operator.k8s.kube_api import KubeApi
@@ -60,7 +61,8 @@ def workload_source(
     per_pod: PodSource
     if by_pod(spec):
         assert spec.metrics is not None and spec.metrics.prometheus is not None
-        per_pod = PrometheusSource(spec.metrics.prometheus.url, spec.metrics.prometheus.selector)
+        per_pod = PrometheusSource(spec.metrics.prometheus.url, spec.metrics.prometheus.selector,
+                                   batcher=BATCHERS.for_url(spec.metrics.prometheus.url))  # fmt: skip
     elif isinstance(pods, NoData):
         per_pod = NoPods(pods)
     else:
