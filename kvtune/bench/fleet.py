@@ -34,6 +34,7 @@ from kvtune.bench.fleet_figures import (
     evaluation_times,
     failures,
     lag_buckets,
+    own_requests_by_verb,
     prometheus_queries,
     quantile,
     rates,
@@ -214,7 +215,14 @@ def one_run(size: int, args: argparse.Namespace, recordings: dict[str, Path]) ->
         watches=int(watches),
         failed={kind: n - failures(ours_before).get(kind, 0.0) for kind, n in failures(ours_after).items()},
         queries_per_s=queries,
+        own_requests_per_s=rates(own_requests_by_verb(ours_before), own_requests_by_verb(ours_after), seconds),
+        qps_limit=chart_qps(operator.args),
     )  # fmt: skip
+
+
+def chart_qps(args: list[str]) -> float | None:
+    """The operator's --kube-api-qps, as the chart's args give it."""
+    return float(args[args.index("--kube-api-qps") + 1]) if "--kube-api-qps" in args else None
 
 
 def pinning(cpus: str) -> str:

@@ -18,6 +18,7 @@ EVALUATIONS = "kvtune_operator_last_evaluation_timestamp_seconds"
 PROMETHEUS_REQUESTS = "prometheus_http_requests_total"
 ERRORS = "kvtune_operator_errors_total"
 NO_DATA = "kvtune_operator_no_data_total"
+OWN_REQUESTS = "kvtune_operator_kube_api_requests_total"  # the operator's client, counted by itself
 # what the operator reads and writes (kwok's node heartbeats and the controllers' leases are left out)
 OPERATOR_RESOURCES = frozenset({"kvtuningpolicies", "endpointslices", "events", "deployments", "replicasets",
                                 "pods", "secrets", "kopfpeerings", "clusterkopfpeerings", "statefulsets"})  # fmt: skip
@@ -45,6 +46,15 @@ def requests_by_verb(text: str, resources: frozenset[str] = OPERATOR_RESOURCES) 
     for labels, value in samples(text, REQUESTS):
         if resources and labels.get("resource") not in resources:
             continue
+        verb = labels.get("verb", "?")
+        found[verb] = found.get(verb, 0.0) + value
+    return found
+
+
+def own_requests_by_verb(text: str) -> dict[str, float]:
+    """The operator's own count of its API requests, by verb (its client, the one the rate limit paces)."""
+    found: dict[str, float] = {}
+    for labels, value in samples(text, OWN_REQUESTS):
         verb = labels.get("verb", "?")
         found[verb] = found.get(verb, 0.0) + value
     return found
@@ -152,6 +162,8 @@ class FleetFigures:
     watches: int  # watches the operator added (held during the window minus before its start)
     failed: dict[str, float]  # errors by kind, and no_data, in the window
     queries_per_s: float | None = None  # Prometheus queries per second (None: the pods source)
+    own_requests_per_s: dict[str, float] | None = None  # by verb, as the operator's client counts them
+    qps_limit: float | None = None  # its client-side limit (--kube-api-qps)
 
     @property
     def needed_per_s(self) -> float:
@@ -163,11 +175,20 @@ def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def _own(r: FleetFigures) -> str:
+    if r.own_requests_per_s is None:
+        return "n/a"
+    total = sum(r.own_requests_per_s.values())
+    verbs = ", ".join(f"{verb} {rate:.2f}" for verb, rate in sorted(r.own_requests_per_s.items()) if rate)
+    limit = f" ({r.qps_limit:g})" if r.qps_limit is not None else ""
+    return f"{total:.2f}{limit}: {verbs or 'none'}"
+
+
 def table(rows: list[FleetFigures]) -> list[str]:
     head = ("| source | policies | pods | namespaces | evaluated | evaluations/s (needed) | operator CPU (% of a core) | "
             "RSS peak (MiB) | tick lag p50 / p99 (s) | API requests/s by verb | watches | settled in (s) | "
-            "failed in the window | Prometheus queries/s |")  # fmt: skip
-    lines = [head, "|" + "---|" * 14]
+            "failed in the window | Prometheus queries/s | operator's own API requests/s (limit) |")  # fmt: skip
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         verbs = ", ".join(f"{verb} {rate:.2f}" for verb, rate in sorted(r.requests_per_s.items())) or "none"
         failed = ", ".join(f"{kind} {int(n)}" for kind, n in sorted(r.failed.items()) if n) or "none"
@@ -175,6 +196,6 @@ def table(rows: list[FleetFigures]) -> list[str]:
             f"| {r.source} | {r.policies} | {r.pods} | {r.namespaces} | {r.evaluated} | {r.evaluations_per_s:.2f} "
             f"({r.needed_per_s:.2f}) | {r.cpu_percent:.0f} | {r.rss_peak_mib:.0f} | {_seconds(r.lag_p50_s)} / "
             f"{_seconds(r.lag_p99_s)} | {verbs} | {r.watches} | {_seconds(r.settle_s)} | {failed} | "
-            f"{'n/a' if r.queries_per_s is None else f'{r.queries_per_s:.2f}'} |"
+            f"{'n/a' if r.queries_per_s is None else f'{r.queries_per_s:.2f}'} | {_own(r)} |"
         )
     return lines

@@ -11,6 +11,7 @@ from kvtune.bench.fleet_figures import (
     cpu_seconds,
     evaluation_times,
     failures,
+    own_requests_by_verb,
     prometheus_queries,
     quantile,
     rates,
@@ -81,3 +82,13 @@ def test_prometheus_queries_by_handler() -> None:
             'prometheus_http_requests_total{code="200",handler="/api/v1/query_range"} 20\n'
             'prometheus_http_requests_total{code="200",handler="/metrics"} 99\n')  # fmt: skip
     assert prometheus_queries(text) == {"/api/v1/query": 8.0, "/api/v1/query_range": 20.0}
+
+
+def test_the_operators_own_requests_by_verb_over_codes() -> None:
+    text = (
+        'kvtune_operator_kube_api_requests_total{code="200",verb="PATCH"} 7.0\n'
+        'kvtune_operator_kube_api_requests_total{code="409",verb="PATCH"} 1.0\n'
+        'kvtune_operator_kube_api_requests_total{code="201",verb="POST"} 2.0\n'
+        'kvtune_operator_kube_api_requests_created{code="201",verb="POST"} 1.7e9\n'
+    )
+    assert own_requests_by_verb(text) == {"PATCH": 8.0, "POST": 2.0}

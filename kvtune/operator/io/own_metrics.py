@@ -241,10 +241,22 @@ class OperatorMetrics:
                              "(its last recorded evaluation + intervalSeconds) to when its next evaluation was "
                              "recorded: the tick's wait for a worker and its own duration", registry=r,
                              buckets=LAG_BUCKETS)  # fmt: skip
+        self.api_requests = Counter("kvtune_operator_kube_api_requests", "The operator's own Kubernetes API "
+                                    "requests (kopf's watches and peering apart), by verb and HTTP code (0: no "
+                                    "answer)", ["verb", "code"], registry=r)  # fmt: skip
+        self.api_throttled = Counter("kvtune_operator_kube_api_throttled_seconds", "Seconds its requests "
+                                     "waited on the client-side rate limit (--kube-api-qps, --kube-api-burst)",
+                                     registry=r)  # fmt: skip
         self._due: dict[tuple[str, str], float] = {}  # policy -> when its next evaluation is due
         self._corrupt_seen: dict[tuple[str, str], tuple[str, ...]] = {}  # policy -> its corrupt series
         self._pending_since: dict[tuple[str, str, str], float] = {}  # (namespace, policy, knob) -> since
         self._pending_judged: set[tuple[str, str, str]] = set()  # told pending or not since this start
+
+    def api_request(self, verb: str, code: int, waited_s: float) -> None:
+        """One request of the operator's Kubernetes client (KubeApi's observer)."""
+        self.api_requests.labels(verb, str(code)).inc()
+        if waited_s > 0:
+            self.api_throttled.inc(waited_s)
 
     def declare(self, namespace: str, policy: str) -> None:
         """Start the policy's counters at 0: `increase()` and `changes()` miss the first step of a series

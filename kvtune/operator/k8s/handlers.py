@@ -55,13 +55,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         getattr(memo, "kube_api_qps", DEFAULT_QPS), getattr(memo, "kube_api_burst", DEFAULT_BURST)
     )
     # every policy's daemon gets a copy of this memo: one client, one cache, one pool of evaluation threads
-    memo.kube_api = KubeApi.from_environment(limiter, ObjectCache())
+    if getattr(memo, "operator_metrics", None) is None:  # run without `kvtune operator`: recorded, not served
+        memo.operator_metrics = OperatorMetrics()
+    memo.kube_api = KubeApi.from_environment(limiter, ObjectCache(), memo.operator_metrics)
     memo.tick_pool = ThreadPoolExecutor(
         getattr(memo, "workers", DEFAULT_WORKERS), thread_name_prefix="kvtune-tick"
     )
     memo.policies = set()  # the policies whose daemons run: how many share the status writes' budget
-    if getattr(memo, "operator_metrics", None) is None:  # run without `kvtune operator`: recorded, not served
-        memo.operator_metrics = OperatorMetrics()
 
 
 @kopf.on.cleanup()

@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import urllib3
 from kubernetes import client, config
@@ -45,6 +45,10 @@ Json = dict[str, Any]
 THROTTLE_LOG_S = 1.0  # a wait this long on the client-side limit is logged, as client-go does
 logger = logging.getLogger(__name__)
 Load = Callable[[], client.Configuration]
+
+
+class RequestObserver(Protocol):
+    def api_request(self, verb: str, code: int, waited_s: float) -> None: ...
 
 
 @dataclass  # not frozen: raising sets __traceback__ on it
@@ -106,7 +110,7 @@ class KubeApi:
     answers 401 Unauthorized."""
 
     def __init__(self, load: Load, timeout: float = 10.0, limiter: TokenBucket | None = None,
-                 cache: ObjectCache | None = None) -> None:  # fmt: skip
+                 cache: ObjectCache | None = None, observer: RequestObserver | None = None) -> None:  # fmt: skip
         self._load = load
         self._timeout = timeout
         self._lock = threading.Lock()
@@ -114,10 +118,12 @@ class KubeApi:
         self.limiter = limiter or TokenBucket(0.0)  # no limit unless given one (the operator gives it)
         self.cache = cache  # the watches' view of workloads and EndpointSlices, where the operator keeps one
         self.throttled_s = 0.0  # seconds callers waited on the limiter, all told
+        self.observer = observer  # told of every request (the operator's own metrics count them)
 
     @staticmethod
-    def from_environment(limiter: TokenBucket | None = None, cache: ObjectCache | None = None) -> KubeApi:
-        return KubeApi(environment_configuration, limiter=limiter, cache=cache)
+    def from_environment(limiter: TokenBucket | None = None, cache: ObjectCache | None = None,
+                         observer: RequestObserver | None = None) -> KubeApi:  # fmt: skip
+        return KubeApi(environment_configuration, limiter=limiter, cache=cache, observer=observer)
 
     def _new_client(self) -> client.ApiClient:
         configuration = self._load()
@@ -151,6 +157,7 @@ class KubeApi:
             if waited >= THROTTLE_LOG_S:
                 logger.warning("waited %.1f s for client-side rate limiting before %s", waited, what)
         api_client = self._client
+        code = 0
         try:
             try:
                 response = call(api_client, self._timeout)
@@ -159,11 +166,16 @@ class KubeApi:
                     raise
                 self._relogin(api_client)
                 response = call(self._client, self._timeout)
+            code = int(getattr(response, "status", 200) or 200)
             body = response.data
         except ApiException as err:
+            code = int(err.status or 0)
             raise _error(what, err) from None
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise KubeError(0, "Unreachable", f"{what}: {type(err).__name__}: {err}") from None
+        finally:
+            if self.observer is not None:
+                self.observer.api_request(what.split(" ", 1)[0], code, waited)
         try:
             return json.loads(body)
         except ValueError:
