@@ -199,6 +199,22 @@ def spellings(*colon_names: str) -> list[str]:
     return plain + [prefix + name for prefix in RELABEL_PREFIXES for name in plain]
 
 
+def read_names() -> list[str]:
+    """Every exposed name `lookup` reads, in every spelling it accepts (colon and underscore, a counter with
+    and without `_total`, a histogram's three parts, under each relabelling prefix), and the process' start
+    time: what a query needs to ask for, and no more (a vLLM scrape is four times larger)."""
+    colon: list[str] = []
+    for name, entry in NAME_MAP.items():
+        if entry.kind is Kind.HISTOGRAM:
+            colon += [name + suffix for suffix in HISTOGRAM_SUFFIXES]
+        elif entry.kind is Kind.COUNTER and name.endswith("_total"):
+            colon += [name, name.removesuffix("_total")]
+        else:
+            colon.append(name)
+    process = [prefix + name for prefix in ("", *RELABEL_PREFIXES) for name in PROCESS_SERIES]
+    return sorted({*spellings(*colon), *process})
+
+
 def colon_spelling(series: str) -> str:
     """`vllm_num_preemptions_total` or `kserve_vllm:num_preemptions_total` -> `vllm:num_preemptions_total`
     (colon names pass unchanged; a relabelling prefix goes, so `kserve_process_start_time_seconds` reads

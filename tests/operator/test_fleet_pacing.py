@@ -140,3 +140,18 @@ def test_versions_are_asked_once_and_a_failure_is_asked_again() -> None:
     clock.now = 600
     answers["http://a"] = "0.33.0"
     assert cache.version("http://a") == "0.33.0"  # a rollout to another vLLM, seen after the ttl
+
+
+def test_the_caches_handlers_are_not_logged_at_every_watch_event() -> None:
+    import logging
+
+    from kvtune.operator.k8s.handlers import QuietCacheHandlers
+
+    quiet = QuietCacheHandlers()
+
+    def record(level: int, message: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", level, "", 0, message, args, None)
+
+    assert not quiet.filter(record(logging.INFO, "Handler %r succeeded.", "cache_deployments"))
+    assert quiet.filter(record(logging.ERROR, "Handler %r failed.", "cache_deployments"))  # a failure is told
+    assert quiet.filter(record(logging.INFO, "no data: no series match the selector"))

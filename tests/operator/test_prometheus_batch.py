@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvtune.operator.io.prometheus_batch import InstantBatcher, Matcher, parse_matchers, selected
+from kvtune.operator.io.prometheus_batch import InstantBatcher, Matcher, parse_matchers, selected, split
 from kvtune.operator.io.sources import POD_LABEL, PrometheusSource
 from tests.observability.live_stack import ScrapeTarget, live_stack, wait_until
 from tests.operator.helpers import fixture_text, serve_bodies
@@ -125,3 +127,24 @@ def test_on_prometheus_3_the_batched_answers_equal_each_query_alone(
         pods = {i: {labels[POD_LABEL] for _, labels, _ in results[i][0]} for i in results}
         assert pods == {0: {"llama-0", "llama-1"}, 1: {"qwen-2", "qwen-3"}, 2: {"mixtral-4", "mixtral-5"},
                         3: {"llama-1"}}  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    series=st.lists(
+        st.fixed_dictionaries({"namespace": st.sampled_from(["a", "b", "c"]), "pod": st.sampled_from(["p1", "p2", "q1"]),
+                               "server": st.sampled_from(["", "", "r"])}),
+        max_size=30,
+    ),
+    members=st.lists(
+        st.sampled_from(['namespace="a"', 'namespace="b",pod=~"p.*"', 'pod!="p1"', 'namespace=~"a|c",server=""',
+                         'namespace="c",pod="q1",server=""', 'server=""']),
+        min_size=1, max_size=6,
+    ),
+)  # fmt: skip
+def test_the_one_pass_split_gives_each_member_what_it_selects(
+    series: list[dict[str, str]], members: list[str]
+) -> None:
+    result = [{"metric": {k: v for k, v in labels.items() if v}} for labels in series]
+    parsed = [parse_matchers(member) for member in members]
+    assert split(result, parsed) == [selected(result, matchers) for matchers in parsed]

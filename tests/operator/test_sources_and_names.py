@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -83,9 +84,20 @@ def test_kserve_prefixed_spellings_read_the_same() -> None:
 
 def test_the_prometheus_query_takes_every_spelling_and_leaves_a_routers_copies_out() -> None:
     query = PrometheusSource("http://prometheus:9090", 'namespace="inference"').query()
-    assert query.startswith('{__name__=~"(kserve_)?(vllm[:_].+|') and query.endswith(
-        ',server="",namespace="inference"}'
-    )
+    assert query.startswith('{__name__=~"') and query.endswith(',server="",namespace="inference"}')
+    names = re.fullmatch(r'\{__name__=~"([^"]+)",.*', query)
+    assert names is not None
+    asked = re.compile(names.group(1))
+    for spelled in ("vllm:num_preemptions_total", "vllm_num_preemptions_total", "kserve_vllm:num_preemptions_total",
+                    "vllm:num_preemptions", "vllm:request_prompt_tokens_bucket", "sglang:num_running_reqs",
+                    "process_start_time_seconds"):  # fmt: skip
+        assert asked.fullmatch(spelled), spelled
+    for unread in (
+        "vllm:request_decode_time_seconds_bucket",
+        "python_gc_objects_collected_total",
+        "vllm_router_x",
+    ):
+        assert not asked.fullmatch(unread), unread  # what the sample never reads is never asked for
     # a selector that names the label itself is taken as it is
     assert ',server=""' not in PrometheusSource("http://p", '{server=~".+"}').query()
 

@@ -18,7 +18,7 @@ import httpx
 from kvtune.operator.io.http import shared_client
 
 GATHER_S = 0.05  # how long the first asker waits for others: small beside a scrape, large beside a tick
-MAX_BATCH = 64  # selectors in one query: one answer stays a few MB at most
+MAX_BATCH = 32  # selectors in one query: one answer stays a few MB at most
 Answer = dict[str, Any]  # the `data` of a successful API answer, or {"error": why}
 
 # name, operator, double-quoted value (PromQL's string escapes)
@@ -59,6 +59,29 @@ def parse_matchers(text: str) -> list[Matcher]:
 def selected(result: list[dict[str, Any]], matchers: list[Matcher]) -> list[dict[str, Any]]:
     """The series of a union's answer that one member's matchers select."""
     return [item for item in result if all(m.matches(item.get("metric") or {}) for m in matchers)]
+
+
+def split(result: list[dict[str, Any]], members: list[list[Matcher]]) -> list[list[dict[str, Any]]]:
+    """Each member's share of a union's answer, as `selected` gives it, in one pass: a member is tried only
+    on the series whose value of its first non-empty equality label is the one it asks for (a namespace, a
+    pod), so a batch of many policies costs about what each costs alone."""
+    shares: list[list[dict[str, Any]]] = [[] for _ in members]
+    keyed: dict[tuple[str, str], list[int]] = {}
+    unkeyed: list[int] = []
+    for index, matchers in enumerate(members):
+        key = next(((m.name, m.value) for m in matchers if m.op == "=" and m.value), None)
+        if key is None:
+            unkeyed.append(index)
+        else:
+            keyed.setdefault(key, []).append(index)
+    labels_used = {name for name, _ in keyed}
+    for item in result:
+        labels = item.get("metric") or {}
+        candidates = [i for name in labels_used for i in keyed.get((name, labels.get(name, "")), ())]
+        for index in (*candidates, *unkeyed):
+            if all(m.matches(labels) for m in members[index]):
+                shares[index].append(item)
+    return shares
 
 
 @dataclass
@@ -129,11 +152,12 @@ class InstantBatcher:
             self.queries += 1
             self.asked += len(batch)
         result = answer.get("result")
-        for ask in batch:
-            if "error" in answer or not isinstance(result, list):
-                ask.answer = answer
-            else:
-                ask.answer = {**answer, "result": selected(result, ask.matchers)}
+        if "error" in answer or not isinstance(result, list):
+            shares: list[Any] = [None] * len(batch)
+        else:
+            shares = split(result, [ask.matchers for ask in batch])
+        for ask, share in zip(batch, shares, strict=True):
+            ask.answer = answer if share is None else {**answer, "result": share}
             ask.done.set()
 
     @staticmethod

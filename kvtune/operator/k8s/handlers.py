@@ -39,6 +39,7 @@ from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
 from kvtune.operator.k8s.status_writes import refresh_seconds
 
 INVALID_SPEC_RETRY_S = 60.0
+CACHE_HANDLER_PREFIX = "cache_"
 
 
 @kopf.on.startup()
@@ -51,6 +52,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # RBAC grants neither (tests/operator/test_rbac_proof.py proves it grants exactly the calls made).
     settings.scanning.disabled = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(QuietCacheHandlers())
     limiter = TokenBucket(
         getattr(memo, "kube_api_qps", DEFAULT_QPS), getattr(memo, "kube_api_burst", DEFAULT_BURST)
     )
@@ -76,8 +78,16 @@ def _cache(kind: str) -> Callable[..., None]:
         if getattr(memo, "kube_api", None) is not None and memo.kube_api.cache is not None:
             memo.kube_api.cache.saw(kind, event.get("type"), event.get("object") or {})
 
-    keep.__name__ = f"cache_{kind.lower()}s"  # kopf names handlers by their function
+    keep.__name__ = keep.__qualname__ = f"{CACHE_HANDLER_PREFIX}{kind.lower()}s"  # kopf's handler id
     return keep
+
+
+class QuietCacheHandlers(logging.Filter):
+    """kopf logs every handler's success at INFO: for the cache's handlers that is a line per watch event of
+    every Deployment and EndpointSlice in the watched namespaces, thousands a minute in a fleet."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and CACHE_HANDLER_PREFIX in record.getMessage())
 
 
 # The watches that keep `ObjectCache`: what the evaluations read of the workloads and their pods' slices.
