@@ -33,7 +33,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtune.bench.models import (
+    MODELS,
+    SERVED_MODEL_NAME,
+    check_model_shape,
+    default_model_dir,
+    ensure_model,
+    model_description,
+    serve_argv,
+)
 from kvtune.bench.vllm_cpu import VllmServerConfig
+from kvtune.bench.workloads import BURST96_LONG, SMALL_DEFAULT, Burst
 from kvtune.engine.loop.compute_threads import available_cores, default_compute_threads
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, LoadResult, batch_bodies, run_batch
@@ -41,32 +51,8 @@ from kvtune.harness.local_http import free_port
 from kvtune.harness.process_memory import PeakMemory
 from kvtune.harness.server import ServerProcess
 
-SERVED_MODEL_NAME = "tiny"
 SECTION = "engine-vs-vllm"
 DTYPES = ("float32", "bfloat16")
-MODELS = ("tiny", "small")  # kvtune.engine.model.tiny_model.MODEL_SIZES, named here without importing torch
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the batch is and the pool it runs in, unless a flag says otherwise."""
-
-    num_requests: int
-    prompt_tokens: tuple[int, int]
-    output_tokens: tuple[int, int]
-    kv_cache_tokens: int = 32_768
-    block_size: int = 32
-    max_num_seqs: int = 64
-
-
-# A burst of 96 long requests (the comparison issue 17 asked for): 96 requests at once, prompts 300-700,
-# outputs 500-1,500 with ignore_eos, a 32,768-token pool, block 32, max_num_seqs 64.
-BURST96_LONG = Workload(num_requests=96, prompt_tokens=(300, 700), output_tokens=(500, 1500))
-# The small model costs ~270 MFLOP a token (~60x the tiny one): the issue's batch (~48,000 prompt and
-# ~96,000 output tokens, ~39 TFLOP) would take an estimated ~10 minutes a run on 2 AVX2 cores, most of an
-# hour for two rounds, so its default batch is a third as many requests with a fifth of the output (~6
-# TFLOP), the same for both servers. `--workload burst96-long` runs the long burst on it anyway.
-SMALL_DEFAULT = Workload(num_requests=32, prompt_tokens=(300, 700), output_tokens=(100, 300))
 MODEL_WORKLOADS = {"tiny": BURST96_LONG, "small": SMALL_DEFAULT}
 WORKLOADS = {"default": None, "burst96-long": BURST96_LONG}  # default: the --model's own
 # Old --workload names still accepted: BENCHMARKS.md's recorded commands say `--workload issue17`.
@@ -78,7 +64,7 @@ def workload_name(value: str) -> str:
     return DEPRECATED_WORKLOADS.get(value, value)
 
 
-def chosen_workload(args: argparse.Namespace) -> Workload:
+def chosen_workload(args: argparse.Namespace) -> Burst:
     return WORKLOADS[args.workload] or MODEL_WORKLOADS[args.model]
 
 
@@ -123,14 +109,7 @@ KVTUNE = "kvtune"
 VLLM = "vLLM"
 
 
-def default_model_dir(model: str = "tiny") -> Path:
-    """Where the comparison keeps each model's checkpoint (written once by the tiny-model code, then
-    reused); the tiny one's folder is the one it always had."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "kvtune" / f"bench-engine-{model}"
-
-
-def _range(workload: Workload, name: str) -> str:
+def _range(workload: Burst, name: str) -> str:
     low, high = getattr(workload, name)
     return f"{low}-{high}"
 
@@ -254,30 +233,6 @@ def load_spec(args: argparse.Namespace) -> BatchSpec:
 def workload(args: argparse.Namespace) -> list[dict[str, object]]:
     """The request bodies each side is sent (both answer to the same served model name)."""
     return batch_bodies(load_spec(args), SERVED_MODEL_NAME)
-
-
-def serve_argv(
-    args: argparse.Namespace, model_dir: Path, port: int, device: str, threads: int | None
-) -> list[str]:
-    """`kvtune serve` with a batch's pool and scheduler limits (prefix caching is on by default): the one
-    command line both the CPU comparison and the GPU engine check start."""
-    argv = [
-        sys.executable, "-m", "kvtune.cli", "serve",
-        "--model", str(model_dir),
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--dtype", args.dtype,
-        "--device", device,
-        "--block-size", str(args.block_size),
-        "--kv-cache-tokens", str(args.kv_cache_tokens),
-        "--max-num-seqs", str(args.max_num_seqs),
-        "--max-model-len", str(args.max_model_len),
-        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-    ]  # fmt: skip
-    if threads is not None:
-        argv += ["--threads", str(threads)]
-    return argv
 
 
 def cpu_serve_argv(args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
@@ -443,14 +398,6 @@ def format_section(
     return "\n".join(body)
 
 
-def model_description(model: str) -> str:
-    """The checkpoint in words, with its shape and honest parameter count (for the recorded section)."""
-    from kvtune.engine.model.tiny_model import MODEL_SIZES, describe
-
-    command = "`kvtune tiny-model`" if model == "tiny" else f"`kvtune tiny-model --size {model}`"
-    return f"the {model} checkpoint ({command}: {describe(MODEL_SIZES[model])})"
-
-
 def _workload_origin(args: argparse.Namespace) -> str:
     if not is_default_workload(args):
         return " (set by flags)"
@@ -466,36 +413,6 @@ def _workload_origin(args: argparse.Namespace) -> str:
 
 
 # --- servers ---------------------------------------------------------------------------------------------
-
-
-def ensure_model(model_dir: Path, model: str = "tiny") -> Path:
-    """`model_dir`, with the `model`-size checkpoint written into it first if it holds none."""
-    if not (model_dir / "config.json").is_file():
-        from kvtune.engine.model.tiny_model import MODEL_SIZES, write_tiny_model
-
-        print(f"writing the {model} checkpoint to {model_dir}", file=sys.stderr)
-        write_tiny_model(model_dir, MODEL_SIZES[model])
-    return model_dir
-
-
-def check_model_shape(model_dir: Path, model: str) -> None:
-    """The recorded section names the model and its parameter count, so a folder holding another shape
-    (`--model small --model-dir` at the tiny one's folder) is a clear error, not a mislabelled benchmark."""
-    from kvtune.engine.model.tiny_model import MODEL_SIZES
-
-    spec = MODEL_SIZES[model]
-    config_path = model_dir / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-        shape = (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise KvtuneError(f"{config_path}: not a readable checkpoint config ({err})") from err
-    expected = (spec.num_layers, spec.hidden_size, spec.intermediate_size)
-    if tuple(shape) != expected:
-        raise KvtuneError(
-            f"{model_dir} holds a model with (layers, hidden, intermediate) = {tuple(shape)}, not the {model} "
-            f"model's {expected}: pass --model-dir a folder for the {model} model, or an empty one"
-        )
 
 
 def _timed_load(

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from kvtune.bench.engine import (
-    BURST96_LONG,
+from kvtune.bench.models import (
     MODELS,
     SERVED_MODEL_NAME,
     check_model_shape,
     ensure_model,
     serve_argv,
 )
+from kvtune.bench.workloads import BURST96_LONG
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, LoadResult, run_batch
 from kvtune.harness.local_http import free_port

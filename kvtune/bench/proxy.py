@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from kvtune.bench.engine import SERVED_MODEL_NAME, default_model_dir, ensure_model
+from kvtune.bench.models import SERVED_MODEL_NAME, default_model_dir, ensure_model
 from kvtune.contract.prefix_report import REPORT_PATH
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, batch_bodies

@@ -38,8 +38,9 @@ class BenchRequest:
 
 
 @dataclass
-class Workload:
-    """What to send: the request list and how each is declared."""
+class RequestPlan:
+    """What to send: the request list and how each is declared (the catalog's loads are
+    `kvtune.bench.workloads`)."""
 
     requests: list[BenchRequest]
     max_tokens: int | None
@@ -79,7 +80,7 @@ def base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def request_body(model: str, request: BenchRequest, workload: Workload) -> dict[str, Any]:
+def request_body(model: str, request: BenchRequest, workload: RequestPlan) -> dict[str, Any]:
     """What one request sends: streamed, usage included, greedy; declared max_tokens per the workload."""
     body: dict[str, Any] = {
         "model": model,
@@ -94,7 +95,7 @@ def request_body(model: str, request: BenchRequest, workload: Workload) -> dict[
     return body
 
 
-def streamed_requests(model: str, workload: Workload) -> list[StreamedRequest]:
+def streamed_requests(model: str, workload: RequestPlan) -> list[StreamedRequest]:
     """With a declared --max-tokens, each stream is read to its true output length and then closed."""
     read_to_true_length = workload.max_tokens is not None
     return [
@@ -211,7 +212,7 @@ def _validate(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     rng = np.random.default_rng(args.seed)
-    workload = Workload(build_requests(args, rng), args.max_tokens, args.ignore_eos)
+    workload = RequestPlan(build_requests(args, rng), args.max_tokens, args.ignore_eos)
     results, duration, preemptions = asyncio.run(
         run_open_loop(
             base_url(args.url),

@@ -1,18 +1,21 @@
 """`kvtune bench tuner`: how good is the max_num_seqs the tuner converges to?
 
-On one live engine (tiny model, a pool small enough to preempt) under a steady closed-loop workload:
+On one live engine (tiny model, a pool small enough to preempt) under a steady closed-loop workload from the
+bench's catalog (`kvtune.bench.workloads`; flags make another, named for what it is):
 
 1. a static sweep of max_num_seqs values through the admin API, in two passes (rising, then falling); each
    value is measured for goodput and preemptions, and the sweep-best is the best goodput among values with
-   zero preemptions in both windows (one 6 s window missed a marginal value's rare preemptions, which then
+   zero preemptions in every window (one 6 s window missed a marginal value's rare preemptions, which then
    showed in the alternating rounds and made the "best" a value the tuner rightly rejects);
 2. a too-high start, then the local-mode tuner (the same `decide` the operator runs) until it stops
    changing the value; the steady state is measured with the tuner still running (preemptions there are
    the "preemptions after convergence");
-3. with the tuner stopped, the converged value and the sweep-best value measured alternately as static
-   settings, several rounds, medians: the ratio compares like with like under the same machine noise (on
-   a shared 2-core box one measurement swings by tens of percent). A sweep-best that preempts in these
-   rounds was a marginal value the sweep's two windows missed: the next clean value replaces it.
+3. with the tuner stopped, the sweep-best confirmed over one long window, then it and the converged value
+   measured alternately as static settings, several rounds: the ratio compares like with like under the
+   same machine noise (on a shared 2-core box one measurement swings by tens of percent). A sweep-best that
+   preempts in its confirming window or these rounds was a marginal value the sweep's two windows missed:
+   the next clean value replaces it, and where no value of the sweep stays clean the sweep goes on below it
+   (`kvtune.bench.sweep`, the one rule the what-if benchmark uses too).
 
 Goodput is the engine's generation-tokens counter per second: a preempted request keeps its output and
 recomputes prompt + output (as vLLM), so no counted token is thrown away, and the counter moves every step
@@ -23,107 +26,40 @@ request-generation-tokens histogram's sum) is shown beside it as a cross-check.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
-import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from kvtune.bench.benchmarks_md import git_revision, machine_description, record_section
-from kvtune.contract.metrics import GENERATION_TOKENS, PREEMPTIONS, REQUEST_GENERATION_TOKENS
-from kvtune.core.predict import Forecast
-from kvtune.errors import KvtuneError
-from kvtune.harness.engine_process import (
-    ENGINE_THREADS,
-    start_engine,
-    write_tiny_model_in_subprocess,
+from kvtune.bench.sweep import (
+    TOKEN,
+    LiveEngine,
+    Sweep,
+    Window,
+    confirmed_best,
+    engine_for,
+    measure_sweep,
+    static_window,
+    time_weighted,
 )
+from kvtune.bench.workloads import Workload, catalog, from_flags, span_text
+from kvtune.core.predict import Forecast
+from kvtune.harness.engine_process import ENGINE_THREADS
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
-from kvtune.operator.decide.sample import NoData, Sample
 from kvtune.operator.io.actuators import KvtuneAdminActuator
 from kvtune.operator.io.sources import MetricsEndpoint
 
-TOKEN = "bench-tuner-token"
-
-
-@dataclass(frozen=True)
-class Measured:
-    max_num_seqs: int
-    goodput: float  # generation tokens per second (the engine's counter)
-    delivered: float  # generation tokens of finished requests per second
-    preemptions: float
-    per_cpu_s: float = float("nan")  # generation tokens per CPU-second of the engine process
-    seconds: float = float("nan")  # the window's measured span
-
-
-def combine(a: Measured, b: Measured) -> Measured:
-    """Two windows of one static value: mean rates, and every preemption either saw."""
-    return Measured(
-        a.max_num_seqs,
-        (a.goodput + b.goodput) / 2,
-        (a.delivered + b.delivered) / 2,
-        a.preemptions + b.preemptions,
-        (a.per_cpu_s + b.per_cpu_s) / 2,
-        a.seconds + b.seconds,
-    )
-
-
-def time_weighted(windows: list[Measured]) -> tuple[float, float, float]:
-    """One value's goodput and goodput per engine CPU-second over all its windows, each weighted by its
-    span, and the total span: a 300 s confirming window outweighs a 6 s round fifty to one, as it should
-    (one value's 6 s rounds spread by a third on this machine, BENCHMARKS.md)."""
-    spans = [w.seconds for w in windows]
-    total = sum(spans)
-    if not windows or not total > 0:
-        return float("nan"), float("nan"), 0.0
-    goodput = sum(w.goodput * w.seconds for w in windows) / total
-    per_cpu = sum(w.per_cpu_s * w.seconds for w in windows) / total
-    return goodput, per_cpu, total
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc), NaN where unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _read(source: MetricsEndpoint) -> Sample:
-    sample = source.read()
-    if isinstance(sample, NoData):
-        raise KvtuneError("the engine's /metrics stopped answering")
-    return sample
-
-
-def _delivered(sample: Sample) -> float:
-    histogram = sample.histograms.get(REQUEST_GENERATION_TOKENS)
-    return histogram.total if histogram is not None else 0.0
-
-
-def measure(source: MetricsEndpoint, seconds: float, max_num_seqs: int, pid: int = 0) -> Measured:
-    first, cpu_first = _read(source), cpu_seconds(pid)
-    time.sleep(seconds)
-    last, cpu_last = _read(source), cpu_seconds(pid)
-    span = last.timestamp - first.timestamp
-    generated = last.counters[GENERATION_TOKENS] - first.counters[GENERATION_TOKENS]
-    preempted = last.counters[PREEMPTIONS] - first.counters[PREEMPTIONS]
-    cpu = cpu_last - cpu_first
-    per_cpu = generated / cpu if cpu > 0 else float("nan")
-    return Measured(
-        max_num_seqs,
-        generated / span,
-        (_delivered(last) - _delivered(first)) / span,
-        preempted,
-        per_cpu,
-        span,
-    )
+# a clean value is one the pager stays quiet for: KVCachePreemptions fires on any preemption in 5 minutes,
+# and values at the edge preempt a few times in that (wide-prompts' 13: 17 in 300 s) but not in seconds
+CONFIRM_S = 300.0
+WORKLOAD_FLAGS = ("kv_cache_tokens", "clients", "prompt_len", "output_len", "start", "sweep")
 
 
 def intervals_to_converge(changes_at: list[float], began: float, window: float) -> int:
@@ -134,51 +70,9 @@ def intervals_to_converge(changes_at: list[float], began: float, window: float) 
     return int((changes_at[-1] - began) // window) + 1
 
 
-@dataclass(frozen=True)
-class Workload:
-    """A named workload: the pool, the load and where the tuner starts, with a sweep around its optimum."""
-
-    kv_cache_tokens: int
-    clients: int
-    prompt_len: str
-    output_len: str
-    start: int
-    sweep: str
-    why: str
-
-
-# Three pool-to-footprint ratios (pool / mean full footprint about 9, 13 and 4.6): the tuner must converge on
-# each, not on one workload it was tuned against.
-WORKLOADS = {
-    "default": Workload(4096, 16, "200:400", "100:200", 64, "4,6,7,8,9,10,12,16",
-                        "the benchmark's first workload"),
-    "wide-prompts": Workload(6144, 24, "150:450", "80:240", 48, "8,10,11,12,13,14,16",
-                             "issue 15's workload: a larger pool, prompts spread three to one"),
-    "long-outputs": Workload(2048, 8, "100:300", "150:350", 32, "2,3,4,5,6,8",
-                             "a pool of few requests whose outputs outgrow their prompts"),
-}  # fmt: skip
-WORKLOAD_FLAGS = ("kv_cache_tokens", "clients", "prompt_len", "output_len", "start", "sweep")
-# a clean value is one the pager stays quiet for: KVCachePreemptions fires on any preemption in 5 minutes,
-# and values at the edge preempt a few times in that (wide-prompts' 13: 17 in 300 s) but not in seconds
-CONFIRM_S = 300.0
-RANDOM_SEED = 28  # issue 28's three seeded random workloads (kvtune.bench.whatif.random_workloads)
-
-
-def all_workloads() -> dict[str, Workload]:
-    """The named workloads, issue 28's (a workload the tuner had not seen) and its three seeded random ones
-    (pool ÷ mean footprint spread over 3-20, prompt-heavy to output-heavy), the same the what-if benchmark
-    measures."""
-    from kvtune.bench.whatif import named_workloads, random_workloads  # it imports this module
-
-    found = dict(WORKLOADS)
-    for w in [named_workloads()["issue-28"], *random_workloads(RANDOM_SEED)]:
-        found[w.name] = Workload(
-            w.kv_cache_tokens, w.clients, f"{w.prompt_len[0]}:{w.prompt_len[1]}",
-            f"{w.output_len[0]}:{w.output_len[1]}", w.start, ",".join(str(v) for v in w.sweep),
-            "issue 28's workload, one the tuner had not seen" if w.name == "issue-28" else
-            f"seeded random workload (seed {RANDOM_SEED}): {w.describe()}",
-        )  # fmt: skip
-    return found
+def chosen_workload(args: argparse.Namespace) -> Workload:
+    """The named workload with every workload flag given put over it (`workloads.from_flags`)."""
+    return from_flags(catalog()[args.workload], **{name: getattr(args, name) for name in WORKLOAD_FLAGS})
 
 
 def section_name(workload: str) -> str:
@@ -186,24 +80,27 @@ def section_name(workload: str) -> str:
     return "tuner" if workload == "default" else f"tuner-{workload}"
 
 
-def apply_workload(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill every workload flag left unset from the named preset; a flag given explicitly wins."""
-    preset = all_workloads()[args.workload]
-    for name in WORKLOAD_FLAGS:
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(preset, name))
-    return args
+def command_text(args: argparse.Namespace) -> str:
+    """The command that ran, as a reader would type it: the named workload and each workload flag given (the
+    default's name left out beside flags, which it only fills in)."""
+    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in WORKLOAD_FLAGS
+             if getattr(args, name) is not None]  # fmt: skip
+    named = [] if given and args.workload == "default" else [f"--workload {args.workload}"]
+    return " ".join(["kvtune bench tuner", *named, *given])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workload", choices=sorted(all_workloads()), default="default",
-                        help="a named workload (its pool, load, start and sweep); the flags below override it")  # fmt: skip
-    parser.add_argument("--sweep", help="static max_num_seqs values (default: the workload's)")
+    parser.add_argument("--workload", choices=sorted(catalog()), default="default",
+                        help="a named workload (its pool, load, start and sweep); the flags below override it, and "
+                             "a workload whose pool or load they change is named from them")  # fmt: skip
+    parser.add_argument(
+        "--sweep", help="static max_num_seqs values, comma-separated (default: the workload's)"
+    )
     parser.add_argument("--start", type=int, help="the too-high max_num_seqs the tuner starts at")
     parser.add_argument("--kv-cache-tokens", type=int)
     parser.add_argument("--clients", type=int)
-    parser.add_argument("--prompt-len")
-    parser.add_argument("--output-len")
+    parser.add_argument("--prompt-len", help="LO:HI tokens")
+    parser.add_argument("--output-len", help="LO:HI tokens")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a change before measuring")
     parser.add_argument("--measure", type=float, default=6.0, help="seconds each measurement spans")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds, converged vs sweep-best")
@@ -251,13 +148,14 @@ def workload_text(kv_cache_tokens: int, shape: LoadShape) -> str:
     return f"{cost}, and {pool}, {load}"
 
 
-def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
-    """The section's method paragraph, every figure taken from the run's arguments."""
+def method_text(args: argparse.Namespace, workload: Workload) -> str:
+    """The section's method paragraph, every figure taken from the run's workload and arguments."""
+    shape = workload.load
     return (
-        f"Method: one `kvtune serve` (tiny model, KV pool {args.kv_cache_tokens:,} tokens, {ENGINE_THREADS} "
+        f"Method: one `kvtune serve` (tiny model, KV pool {workload.kv_cache_tokens:,} tokens, {ENGINE_THREADS} "
         f"torch thread{'s' if ENGINE_THREADS != 1 else ''}) under {shape.clients} closed-loop clients (random "
-        f"token-id prompts {args.prompt_len}, outputs {args.output_len} tokens, ignore_eos). "
-        f"{workload_text(args.kv_cache_tokens, shape)} Goodput = the "
+        f"token-id prompts {span_text(shape.prompt_len)}, outputs {span_text(shape.output_len)} tokens, "
+        f"ignore_eos). {workload_text(workload.kv_cache_tokens, shape)} Goodput = the "
         "engine's generation-tokens counter per second (a preempted request keeps its output, so no counted "
         "token is thrown away); 'delivered' = generation tokens of finished requests per second (histogram "
         "sum), a cross-check that moves in lumps; 'per engine CPU-s' = generation tokens per CPU-second the "
@@ -266,7 +164,7 @@ def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
         f"measurement: set max_num_seqs through the admin API, {args.settle:g} s settle, {args.measure:g} s "
         "measured. (1) Static sweep in two passes (rising, then falling; the table shows mean rates and the "
         "preemptions of both windows); sweep-best = best goodput among values with zero preemptions in both. "
-        f"(2) max_num_seqs {args.start}, then `kvtune operator --local` logic (interval {args.interval:g} s, "
+        f"(2) max_num_seqs {workload.start}, then `kvtune operator --local` logic (interval {args.interval:g} s, "
         f"evaluation window and cooldown {args.evaluation_window:g} s) for {args.tune_seconds:g} s, then a "
         f"{2 * args.measure:g} s steady-state window with the tuner still running. Windows to converge = "
         "evaluation windows from the tuner's start to the one holding its last change. (3) Tuner stopped; "
@@ -277,60 +175,35 @@ def method_text(args: argparse.Namespace, shape: LoadShape) -> str:
         "confirming window and its rounds, weighted by their spans), since one value's 6 s rounds spread by "
         "a third; the rounds' medians are shown beside. A sweep-best that "
         "preempts in its confirming window or its alternating rounds is no zero-preemption value: the next "
-        "clean value of the sweep replaces it and the rounds are run again. A tuner that settles on the "
-        "sweep-best value itself reaches 100% of it; its rounds against itself are then shown as the noise."
+        "clean value of the sweep replaces it and the rounds are run again; where no value of the sweep stays "
+        "clean, the sweep goes on below its lowest value, one value at a time (two windows each), to 1 if need "
+        "be. A tuner that settles on the sweep-best value itself reaches 100% of it; its rounds against itself "
+        "are then shown as the noise."
     )
 
 
-def _range(text: str) -> tuple[int, int]:
-    low, high = (int(part) for part in text.split(":"))
-    return low, high
-
-
 def run(args: argparse.Namespace) -> int:
-    args = apply_workload(args)
-    sweep = [int(v) for v in args.sweep.split(",")]
-    shape = LoadShape(args.clients, _range(args.prompt_len), _range(args.output_len))
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        token_file = folder / "token"
-        token_file.write_text(TOKEN)
-        model = write_tiny_model_in_subprocess(folder / "tiny")
-        engine = start_engine(model, token_file, folder / "engine.log", "--kv-cache-tokens",
-                              str(args.kv_cache_tokens), "--max-num-seqs", str(args.start))  # fmt: skip
-        try:
-            result = _bench(engine, shape, sweep, args)
-        finally:
-            engine.stop()
+    workload = chosen_workload(args)
+    with engine_for(workload) as engine:
+        result = _bench(engine, workload, args)
     print(result)
     if not args.no_record:
-        record_section(section_name(args.workload), result)
+        record_section(section_name(workload.name), result)
     return 0
 
 
-def _static(actuator: KvtuneAdminActuator, source: MetricsEndpoint, value: int, args: argparse.Namespace,
-            label: str, pid: int, seconds: float | None = None) -> Measured:  # fmt: skip
-    actuator.apply("max_num_seqs", value)
-    time.sleep(args.settle)
-    row = measure(source, args.measure if seconds is None else seconds, value, pid)
-    print(f"{label} max_num_seqs {value}: goodput {row.goodput:.0f} tokens/s (delivered {row.delivered:.0f}, {row.per_cpu_s:.0f} per engine CPU-s), "
-          f"{row.preemptions:.0f} preemptions", flush=True)  # fmt: skip
-    return row
+def _row(r: Window, below: bool = False) -> str:
+    value = f"{r.max_num_seqs} (below the sweep)" if below else str(r.max_num_seqs)
+    return f"| {value} | {r.goodput:.0f} | {r.delivered:.0f} | {r.per_cpu_s:.0f} | {r.preemptions:.0f} |"
 
 
-def _next_reference(clean: list[Measured], disqualified: list[tuple[int, float, str]]) -> Measured | None:
-    """The best goodput among the sweep's clean values not yet disqualified: the reference."""
-    dropped = {value for value, _, _ in disqualified}
-    left = [row for row in clean if row.max_num_seqs not in dropped]
-    return max(left, key=lambda row: row.goodput) if left else None
-
-
-def _row(r: Measured) -> str:
-    return f"| {r.max_num_seqs} | {r.goodput:.0f} | {r.delivered:.0f} | {r.per_cpu_s:.0f} | {r.preemptions:.0f} |"
+def percent(ratio: float) -> str:
+    """A ratio as a percentage; a ratio of nothing (no windows on one side) is said, never printed as nan%."""
+    return f"{ratio:.0%}" if math.isfinite(ratio) else "not measured"
 
 
 def prediction_rows(
-    ticks: list[Tick], began: float, steady: Measured, steady_s: float, converged_goodput: float
+    ticks: list[Tick], began: float, steady: Window, steady_s: float, converged_goodput: float
 ) -> list[str]:
     """The tuner's forecasts beside what followed: each value it jumped to with its predicted preemptions and
     goodput, the verdicts of the windows after, and the steady window's and the converged value's windows'
@@ -356,12 +229,12 @@ def prediction_rows(
     rows += [f"| verdict ({at:.0f} s) | {text} |" for at, text in verdicts]
     if forecasts:
         f = forecasts[-1][1]
-        error = f.goodput / converged_goodput - 1 if converged_goodput > 0 else float("nan")
+        error = f"{f.goodput / converged_goodput - 1:+.0%}" if converged_goodput > 0 else "not measured"
         rows.append(
             f"| last forecast against the outcome | {f.value}: predicted {f.preemptions_per_min:.1f}/min, observed "
             f"{steady.preemptions / steady_s * 60:.1f}/min over the {steady_s:g} s steady window; goodput "
             f"predicted {f.goodput:.0f}, measured {converged_goodput:.0f} tokens/s (its windows, span-weighted; "
-            f"prediction error {error:+.0%}) |"
+            f"prediction error {error}) |"
         )
     rows.append(
         f"| fell back to measured stepping | {'yes' if last.stepping else 'no'} ({last.misses} misses) |"
@@ -369,21 +242,20 @@ def prediction_rows(
     return rows
 
 
-def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argparse.Namespace) -> str:
-    source = MetricsEndpoint(engine.url)
-    actuator = KvtuneAdminActuator(engine.url, TOKEN)
-    pid = engine.process.pid
+def _bench(server: ServerProcess, workload: Workload, args: argparse.Namespace) -> str:
+    source = MetricsEndpoint(server.url)
+    actuator = KvtuneAdminActuator(server.url, TOKEN)
+    live = LiveEngine.of(server)
+
+    def measure(value: int, seconds: float, label: str) -> Window:
+        return static_window(live, value, seconds, settle=args.settle, label=label)
+
     load_before = os.getloadavg()
     started = time.monotonic()
-    load = BackgroundLoad(engine.url, shape).start()
+    load = BackgroundLoad(server.url, workload.load).start()
     try:
-        # two passes, up then down: one window of a few seconds can miss a value's rare preemption
-        rising = [_static(actuator, source, value, args, "static", pid) for value in sweep]
-        falling = {value: _static(actuator, source, value, args, "static", pid) for value in reversed(sweep)}
-        rows = [combine(row, falling[row.max_num_seqs]) for row in rising]
-        start_row = _static(actuator, source, args.start, args, "start", pid)
-        clean = [row for row in rows if row.preemptions == 0]
-        best = max(clean, key=lambda row: row.goodput) if clean else None
+        sweep = measure_sweep(workload.sweep, measure, args.measure)
+        start_row = measure(workload.start, args.measure, "start")
         policy = TuningPolicy(mode=Mode.APPLY, evaluation_window_s=args.evaluation_window,
                               cooldown_s=args.evaluation_window, predict=not args.no_predict)  # fmt: skip
         ticks: list[Tick] = []
@@ -406,7 +278,7 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
         try:
             time.sleep(args.tune_seconds)
             converged = actuator.current().values.get("max_num_seqs")
-            steady = measure(source, 2 * args.measure, converged or 0, pid)
+            steady = live.window(converged or 0, 2 * args.measure)
         finally:
             stop.set()
             loop.join(30)
@@ -416,92 +288,100 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
             f"tuner: {at_tune_end} after {args.tune_seconds:g} s, {converged} after the steady window",
             flush=True,
         )
-        pairs: list[tuple[Measured, Measured]] = []
-        disqualified: list[tuple[int, float, str]] = []  # sweep-bests that preempted, and where
-        confirmed: dict[int, Measured] = {}  # the long windows: the sweep-bests tried and the converged value
-        while best is not None and isinstance(converged, int):
-            value = best.max_num_seqs
-            if args.confirm > 0 and value not in confirmed:
-                confirmed[value] = _static(
-                    actuator, source, value, args, "confirm", pid, seconds=args.confirm
-                )
-                if confirmed[value].preemptions > 0 and value != converged:
-                    print(f"sweep-best {value} preempted {confirmed[value].preemptions:.0f} times in its "
-                          f"{args.confirm:g} s confirming window: the next clean value is the reference", flush=True)  # fmt: skip
-                    disqualified.append(
-                        (value, confirmed[value].preemptions, f"its {args.confirm:g} s confirming window")
-                    )
-                    best = _next_reference(clean, disqualified)
-                    continue
-            pairs = []
-            for i in range(args.rounds):
-                first, second = (
-                    (converged, best.max_num_seqs) if i % 2 == 0 else (best.max_num_seqs, converged)
-                )
-                a = _static(actuator, source, first, args, f"round {i + 1}", pid)
-                b = _static(actuator, source, second, args, f"round {i + 1}", pid)
-                pairs.append((a, b) if first == converged else (b, a))
-            # the sweep's two windows can miss a marginal value's preemptions (6 s each); more windows that
-            # show them make it no zero-preemption value: the next clean value is the reference instead
-            shown = sum(b.preemptions for _, b in pairs)
-            if shown == 0 or best.max_num_seqs == converged:
-                break
-            print(f"sweep-best {best.max_num_seqs} preempted {shown:.0f} times in its alternating rounds: "
-                  "not a zero-preemption value; the next clean value is the reference", flush=True)  # fmt: skip
-            disqualified.append((best.max_num_seqs, shown, "its alternating rounds"))
-            best = _next_reference(clean, disqualified)
-        if args.confirm > 0 and isinstance(converged, int) and converged not in confirmed:
-            confirmed[converged] = _static(
-                actuator, source, converged, args, "confirm", pid, seconds=args.confirm
-            )
+        best, pairs = reference(sweep, measure, converged, args)
+        if args.confirm > 0 and isinstance(converged, int) and converged not in sweep.confirmed:
+            sweep.confirmed[converged] = measure(converged, args.confirm, "confirm")
     finally:
         tally = load.stop()
-    load_after = os.getloadavg()
-    minutes = (time.monotonic() - started) / 60
+    measured = TunerRun(sweep, start_row, ticks, began, steady, at_tune_end, converged, best, pairs,
+                        tally.completed, len(tally.failures), load_before, os.getloadavg(),
+                        (time.monotonic() - started) / 60)  # fmt: skip
+    return section(measured, workload, args)
+
+
+@dataclass(frozen=True)
+class TunerRun:
+    """What one run measured: the sweep's windows, the tuner's ticks and the reference's rounds."""
+
+    sweep: Sweep
+    start_row: Window
+    ticks: list[Tick]
+    began: float  # when the tuner started (time.time())
+    steady: Window  # the steady window with the tuner running
+    at_tune_end: int | None  # max_num_seqs when the tuner's time was up
+    converged: int | None  # and after the steady window
+    best: int | None  # the sweep-best (`sweep.confirmed_best`), None when no value down to 1 stayed clean
+    pairs: list[tuple[Window, Window]]  # (converged, sweep-best) per alternating round
+    completed: int
+    failed: int
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    minutes: float
+
+
+def section(run: TunerRun, workload: Workload, args: argparse.Namespace) -> str:
+    """The BENCHMARKS.md section of one run; a ratio with nothing on one side is said, never printed as nan%."""
+    sweep, ticks, began, steady, pairs = run.sweep, run.ticks, run.began, run.steady, run.pairs
+    converged, at_tune_end, best, start_row = run.converged, run.at_tune_end, run.best, run.start_row
+    load_before, load_after, minutes = run.load_before, run.load_after, run.minutes
     changes = [(t.at, change) for t in ticks for change, outcome in t.applied if outcome.ok]
     intervals = intervals_to_converge([at for at, _ in changes], began, args.evaluation_window)
     last_change = changes[-1][0] - began if changes else 0.0
-    trail = " → ".join([str(args.start)] + [f"{change.value} ({at - began:.0f} s)" for at, change in changes])
-    conv_med = statistics.median(c.goodput for c, _ in pairs) if pairs else float("nan")
-    best_med = statistics.median(b.goodput for _, b in pairs) if pairs else float("nan")
-    ratio = conv_med / best_med if pairs and best_med > 0 else float("nan")
-    conv_cpu = statistics.median(c.per_cpu_s for c, _ in pairs) if pairs else float("nan")
-    best_cpu = statistics.median(b.per_cpu_s for _, b in pairs) if pairs else float("nan")
-    same_value = best is not None and converged == best.max_num_seqs
+    trail = " → ".join(
+        [str(workload.start)] + [f"{change.value} ({at - began:.0f} s)" for at, change in changes]
+    )
+    confirmed = sweep.confirmed
+    conv_med = statistics.median(c.goodput for c, _ in pairs) if pairs else math.nan
+    best_med = statistics.median(b.goodput for _, b in pairs) if pairs else math.nan
+    ratio = conv_med / best_med if pairs and best_med > 0 else math.nan
+    conv_cpu = statistics.median(c.per_cpu_s for c, _ in pairs) if pairs else math.nan
+    best_cpu = statistics.median(b.per_cpu_s for _, b in pairs) if pairs else math.nan
+    same_value = best is not None and converged == best
     conv_tw, conv_tw_cpu, conv_s = time_weighted(
         [c for c, _ in pairs] + ([confirmed[converged]] if converged in confirmed else [])
     )
     best_tw, best_tw_cpu, best_s = time_weighted(
-        [b for _, b in pairs]
-        + ([confirmed[best.max_num_seqs]] if best and best.max_num_seqs in confirmed else [])
+        [b for _, b in pairs] + ([confirmed[best]] if best is not None and best in confirmed else [])
     )
-    weighted = conv_tw / best_tw if best_tw > 0 else float("nan")
+    weighted = conv_tw / best_tw if best_tw > 0 else math.nan
     # on the sweep-best value itself both columns measure the converged value: both count as after
     alt_pre = sum(c.preemptions + (b.preemptions if same_value else 0) for c, b in pairs)
     confirm_pre = (
         confirmed[converged].preemptions if isinstance(converged, int) and converged in confirmed else 0.0
     )
-    footprint = _mean(shape.prompt_len) + _mean(shape.output_len)
+    footprint = workload.footprint
+    pool = workload.kv_cache_tokens
     clean_after = steady.preemptions == 0 and alt_pre == 0 and confirm_pre == 0
     dropped = "".join(
         f"; {value} dropped: it preempted {shown:.0f} times in {where}"
-        for value, shown, where in disqualified
+        for value, shown, where in sweep.dropped
+    )
+    below = (
+        f"; none of the sweep stayed clean: it went on below it ({', '.join(map(str, sweep.below))})"
+        if sweep.below and best is not None
+        else ""
     )
     # The tuner settling on the sweep-best value itself reaches 100% of it by definition; the alternating
     # rounds then compare a setting with itself, and their ratio is the machine's noise, shown beside.
     reached = 1.0 if same_value else weighted
-    reached_text = (
-        f"100% (the sweep-best value itself; its alternating rounds against itself: {ratio:.0%}, noise)"
-        if same_value
-        else f"{weighted:.0%} over every window (rounds' medians {ratio:.0%})"
+    if best is None:
+        reached_text = "not measured: no value of the sweep nor below it, down to 1, stayed clean"
+    elif same_value:
+        reached_text = f"100% (the sweep-best value itself; its alternating rounds against itself: {percent(ratio)}, noise)"
+    else:
+        reached_text = f"{percent(weighted)} over every window (rounds' medians {percent(ratio)})"
+    best_text = (
+        str(best) if best is not None else "none: every value of the sweep and below it, down to 1, preempted"
     )
     goal = 5 if args.no_predict else 3  # issue 28: predicting, ≤ 3 windows
+    met = best is not None and intervals <= goal and reached >= 0.95 and clean_after
     verdict = (
-        f"workload {args.workload}: pool ÷ mean footprint {args.kv_cache_tokens / footprint:.1f}; "
-        f"windows to converge {intervals} (goal ≤ {goal}); converged {converged}, sweep-best "
-        f"{best.max_num_seqs if best else 'none'}; goodput ÷ sweep-best {reached_text} (goal ≥ 95%); "
+        f"workload {workload.name}: pool ÷ mean footprint {pool / footprint:.1f}; "
+        f"windows to converge {intervals} (goal ≤ {goal}); converged {converged}, "
+        f"{f'sweep-best {best}' if best is not None else 'no clean sweep-best'}; goodput ÷ sweep-best "
+        f"{reached_text} (goal ≥ 95%); "
         f"preemptions after {steady.preemptions + alt_pre + confirm_pre:.0f} (goal 0): "
-        + ("met" if intervals <= goal and reached >= 0.95 and clean_after else "NOT met")
+        + ("met" if met else "NOT met")
     )
     predictions = prediction_rows(ticks, began, steady, 2 * args.measure, conv_tw)
     in_confirm = (
@@ -511,14 +391,23 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
     )
     confirm_text = ", ".join(f"{v}: {m.preemptions:.0f} in {args.confirm:g} s" for v, m in confirmed.items())
     confirm_text = confirm_text or "none"
+    if best is None:
+        ratio_row = "| goodput ÷ sweep-best | not measured: there is no clean value to compare with |"
+    else:
+        ratio_row = (
+            f"| goodput ÷ sweep-best | {percent(weighted)} wall-clock, {percent(conv_tw_cpu / best_tw_cpu)} per "
+            f"engine CPU-second over every window of each value after the tuner stopped ({conv_s:.0f} s against "
+            f"{best_s:.0f} s, span-weighted); the alternating rounds' medians alone: {percent(ratio)} and "
+            f"{percent(conv_cpu / best_cpu)} (goal ≥ 95%) |"
+        )
     print(verdict, flush=True)
     lines = [
-        f"## Tuner, workload {args.workload} (`kvtune bench tuner --workload {args.workload}`)",
+        f"## Tuner, workload {workload.name} (`{command_text(args)}`)",
         "",
-        f"Workload {args.workload}: {all_workloads()[args.workload].why}; KV pool {args.kv_cache_tokens:,} tokens ÷ "
-        f"mean full footprint {footprint:.0f} tokens = {args.kv_cache_tokens / footprint:.1f}.",
+        f"Workload {workload.name}: {workload.why}; KV pool {pool:,} tokens ÷ "
+        f"mean full footprint {footprint:.0f} tokens = {pool / footprint:.1f}.",
         "",
-        method_text(args, shape),
+        method_text(args, workload),
         f"Machine: {machine_description()}, shared (another benchmark may be running). "
         f"Revision: {git_revision()}. Load average (1/5/15 min) at start "
         f"{load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, at end "
@@ -527,7 +416,8 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
         "| max_num_seqs (static sweep, 2 passes) | goodput tokens/s | delivered tokens/s | tokens per engine CPU-s | "
         "preemptions |",
         "|---:|---:|---:|---:|---:|",
-        *(_row(r) for r in [*rows, start_row]),
+        *(_row(r, below=r.max_num_seqs in sweep.below) for r in sweep.rows()),
+        _row(start_row),
         "",
         "| alternating round | converged: goodput, per CPU-s (preemptions) | sweep-best: goodput, per CPU-s "
         "(preemptions) |",
@@ -537,17 +427,18 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
             f"{b.goodput:.0f}, {b.per_cpu_s:.0f} ({b.preemptions:.0f}) |"
             for i, (c, b) in enumerate(pairs)
         ),
-        f"| median | {conv_med:.0f}, {conv_cpu:.0f} | {best_med:.0f}, {best_cpu:.0f} |",
+        *(
+            [f"| median | {conv_med:.0f}, {conv_cpu:.0f} | {best_med:.0f}, {best_cpu:.0f} |"]
+            if pairs
+            else ["| none | no clean reference to alternate with | |"]
+        ),
         "",
         "| tuner | value |",
         "|---|---|",
         f"| trail (time of each change since the tuner started) | {trail} |",
         f"| converged max_num_seqs (when the tuner stopped) | {converged} ({at_tune_end} before the steady window) |",
-        f"| sweep-best (zero preemptions) | {best.max_num_seqs if best else 'none'}{dropped} |",
-        f"| goodput ÷ sweep-best | {weighted:.0%} wall-clock, {conv_tw_cpu / best_tw_cpu:.0%} per engine "
-        f"CPU-second over every window of each value after the tuner stopped ({conv_s:.0f} s against "
-        f"{best_s:.0f} s, span-weighted); the alternating rounds' medians alone: {ratio:.0%} and "
-        f"{conv_cpu / best_cpu:.0%} (goal ≥ 95%) |",
+        f"| sweep-best (zero preemptions) | {best_text}{below}{dropped} |",
+        ratio_row,
         f"| windows to converge | {intervals} evaluation windows (last change at {last_change:.0f} s; "
         f"goal ≤ {goal}) |",
         f"| preemptions after convergence | {steady.preemptions:.0f} over the {2 * args.measure:g} s steady "
@@ -555,8 +446,36 @@ def _bench(engine: ServerProcess, shape: LoadShape, sweep: list[int], args: argp
         f"{in_confirm} (goal 0) |",
         f"| confirming windows (preemptions) | {confirm_text} |",
         f"| steady-state goodput (tuner running) | {steady.goodput:.0f} tokens/s |",
-        f"| requests | {tally.completed} completed, {len(tally.failures)} failed |",
+        f"| requests | {run.completed} completed, {run.failed} failed |",
         *predictions,
         f"| verdict | {verdict} |",
     ]
     return "\n".join(lines)
+
+
+def reference(
+    sweep: Sweep,
+    measure: Callable[[int, float, str], Window],
+    converged: int | None,
+    args: argparse.Namespace,
+) -> tuple[int | None, list[tuple[Window, Window]]]:
+    """The sweep-best (`sweep.confirmed_best`) and its alternating rounds against the converged value, (converged,
+    sweep-best) per round. A sweep-best that preempts in its rounds is no zero-preemption value: the rule chooses
+    again and the rounds are run again."""
+    if not isinstance(converged, int):
+        return sweep.best(), []
+    while (best := confirmed_best(sweep, measure, args.measure, args.confirm)) is not None:
+        pairs = []
+        for i in range(args.rounds):
+            first, second = (converged, best) if i % 2 == 0 else (best, converged)
+            a = measure(first, args.measure, f"round {i + 1}")
+            b = measure(second, args.measure, f"round {i + 1}")
+            pairs.append((a, b) if first == converged else (b, a))
+        if best == converged:
+            return best, pairs
+        sweep.add_later(best, [b for _, b in pairs], "its alternating rounds")
+        if sweep.clean(best):
+            return best, pairs
+        print(f"sweep-best {best} preempted in its alternating rounds: not a zero-preemption value; the next "
+              "clean value is the reference", flush=True)  # fmt: skip
+    return None, []

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvtune.bench import engine as bench_engine
+from kvtune.bench import models
 from kvtune.bench.engine import (
     KVTUNE,
     VLLM,
@@ -108,9 +109,9 @@ def test_both_sides_get_the_same_request_list() -> None:
         assert isinstance(prompt, list) and 300 <= len(prompt) <= 700
         assert isinstance(body["max_tokens"], int) and 500 <= body["max_tokens"] <= 1500
         assert body["ignore_eos"] is True and body["temperature"] == 0.0
-        assert body["model"] == bench_engine.SERVED_MODEL_NAME
+        assert body["model"] == models.SERVED_MODEL_NAME
     assert workload(_args("--seed", "1")) != first
-    assert first == batch_bodies(bench_engine.load_spec(args), bench_engine.SERVED_MODEL_NAME)
+    assert first == batch_bodies(bench_engine.load_spec(args), models.SERVED_MODEL_NAME)
 
 
 def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
@@ -254,18 +255,18 @@ def test_section_names_keep_the_tiny_ones_and_name_the_small_model() -> None:
 
 def test_each_model_has_its_own_checkpoint_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert bench_engine.default_model_dir() == tmp_path / "kvtune" / "bench-engine-tiny"
-    assert bench_engine.default_model_dir("small") == tmp_path / "kvtune" / "bench-engine-small"
+    assert models.default_model_dir() == tmp_path / "kvtune" / "bench-engine-tiny"
+    assert models.default_model_dir("small") == tmp_path / "kvtune" / "bench-engine-small"
     assert _args("--model-dir", str(tmp_path / "mine")).model_dir == tmp_path / "mine"
 
 
 def test_a_folder_holding_another_model_is_a_clear_error(tmp_path: Path) -> None:
-    tiny = bench_engine.ensure_model(tmp_path / "tiny", "tiny")  # writes the real tiny checkpoint (2.4M)
-    bench_engine.check_model_shape(tiny, "tiny")
+    tiny = models.ensure_model(tmp_path / "tiny", "tiny")  # writes the real tiny checkpoint (2.4M)
+    models.check_model_shape(tiny, "tiny")
     with pytest.raises(KvtuneError, match="not the small model's"):
-        bench_engine.check_model_shape(tiny, "small")
+        models.check_model_shape(tiny, "small")
     with pytest.raises(KvtuneError, match="not a readable checkpoint config"):
-        bench_engine.check_model_shape(tmp_path / "empty", "tiny")
+        models.check_model_shape(tmp_path / "empty", "tiny")
 
 
 def test_small_section_says_the_model_its_size_and_why_the_workload_is_smaller(tmp_path: Path) -> None:

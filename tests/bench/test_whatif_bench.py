@@ -1,5 +1,5 @@
-"""The what-if benchmark's bookkeeping: its random workloads, vLLM's buckets from kvtune's, a stored window
-read back, and how a prediction is compared with what was observed."""
+"""The what-if benchmark's bookkeeping: vLLM's buckets from kvtune's, a stored window read back, how a
+prediction is compared with what was observed, and the sweep-best it judges the picks against."""
 
 from __future__ import annotations
 
@@ -9,49 +9,14 @@ from dataclasses import asdict
 
 import pytest
 
-from kvtune.bench.whatif import (
-    Compared,
-    Window,
-    compare,
-    confirm_clean,
-    named_workloads,
-    random_workloads,
-    shape_errors,
-    sweep_best,
-)
+from kvtune.bench.sweep import Sweep, Window, confirmed_best
+from kvtune.bench.whatif_report import Compared, compare, replay_verdict, shape_errors, workload_lines
 from kvtune.bench.whatif_window import VLLM_SIZE_BOUNDS, coarsen, window_from_json
 from kvtune.core.bucketed_lengths import Buckets
 from kvtune.core.whatif import Candidate, Prediction
 from kvtune.core.workload_fit import fit_workload
 from kvtune.engine.http.metrics import size_buckets
 from tests.core.workloads import histogram, uniform_lengths, window
-
-
-def test_random_workloads_spread_over_pool_ratio_and_shape_and_are_seeded() -> None:
-    found = random_workloads(28)
-    assert found == random_workloads(28) and found != random_workloads(29)
-    ratios = sorted(w.ratio for w in found)
-    shares = sorted(w.prompt_share for w in found)
-    assert (
-        3 <= ratios[0] < 3 * (20 / 3) ** (1 / 3) <= ratios[1] < 3 * (20 / 3) ** (2 / 3) <= ratios[2] <= 20.5
-    )
-    assert shares[0] < 0.4 and 0.4 <= shares[1] < 0.6 and shares[2] >= 0.6  # output-heavy to prompt-heavy
-    for w in found:
-        assert w.clients > w.ratio  # over-subscribed: max_num_seqs binds
-        assert w.kv_cache_tokens >= w.prompt_len[1] + w.output_len[1]  # every request fits the pool alone
-        assert min(w.sweep) < w.ratio < max(w.sweep)
-        assert w.prompt_len[1] + w.output_len[1] <= 4096  # the tiny model's context
-
-
-def test_the_issue_workload_is_among_the_named_ones() -> None:
-    issue = named_workloads()["issue-28"]
-    assert (issue.kv_cache_tokens, issue.clients, issue.prompt_len, issue.output_len) == (
-        10240,
-        40,
-        (600, 1400),
-        (40, 400),
-    )
-    assert issue.ratio == pytest.approx(8.4, abs=0.05)
 
 
 def test_kvtune_buckets_coarsen_to_vllms_within_half_a_percent() -> None:
@@ -137,16 +102,50 @@ def test_a_clean_looking_sweep_best_that_preempts_in_its_long_window_is_replaced
 
     # 9's two short windows missed its rare preemptions; 10 preempts plainly
     rising = [w(7, 1300, 0), w(8, 1450, 0), w(9, 1600, 0), w(10, 1700, 4)]
-    falling = {r.max_num_seqs: w(r.max_num_seqs, r.goodput, r.preemptions) for r in rising}
+    sweep = Sweep(passes={r.max_num_seqs: [r, w(r.max_num_seqs, r.goodput, r.preemptions)] for r in rising})
     long_window = {7: 0.0, 8: 0.0, 9: 3.0}
     asked: list[int] = []
 
-    def measure(value: int) -> Window:
+    def measure(value: int, seconds: float, label: str) -> Window:
+        assert (seconds, label) == (60.0, "confirm")
         asked.append(value)
-        return w(value, 1500, long_window[value], seconds=60.0)
+        return w(value, 1500, long_window[value], seconds=seconds)
 
-    assert sweep_best(rising, falling, {}) == 9
-    confirmed = confirm_clean(rising, falling, measure)
+    assert sweep.best() == 9
+    assert confirmed_best(sweep, measure, 6.0, 60.0, neighbours=True) == 8
     assert asked == [8, 9, 7]  # around 9 first (10 already preempted), then around the new best, 8
-    assert sweep_best(rising, falling, confirmed) == 8
-    assert all(value in confirmed for value in (7, 8, 9)) and 10 not in confirmed
+    assert all(value in sweep.confirmed for value in (7, 8, 9)) and 10 not in sweep.confirmed
+    assert sweep.dropped == [(9, 3.0, "its 60 s confirming window")]
+
+
+def test_a_run_whose_sweep_all_preempted_reports_the_values_below_it_and_never_a_ratio_of_nothing() -> None:
+    """A stored result where no value of the sweep stayed clean: the report names the value found below it,
+    and one where even 1 preempted says so instead of printing "None"."""
+    window = {"max_num_seqs": 2, "seconds": 6.0, "goodput": 500.0, "per_cpu_s": 1000.0, "preemptions": 3.0,
+              "point": None, "cpu_share": 0.5}  # fmt: skip
+    clean = {**window, "max_num_seqs": 1, "preemptions": 0.0}
+    result = {
+        "workload": {"name": "pool-6144-clients-24-prompts-100-2400-outputs-20-1200", "kv_cache_tokens": 6144,
+                     "clients": 24, "prompt_len": [100, 2400], "output_len": [20, 1200], "start": 128,
+                     "sweep": [2]},
+        "fit": "a fit", "step_time": "a step", "window": asdict(window_of_lengths()), "fit_cpu_share": 0.5,
+        "predicted": [asdict(_prediction((100,)))], "predicted_coarse": [asdict(_prediction((100,)))],
+        "rising": [window], "falling": [window], "below": {"1": [clean, clean]}, "confirmed": {"1": clean},
+        "sweep_best": 1, "picks": [[0.0, 1, "a reason", 0.0]], "rounds": {},
+        "timing": {"candidates": 3.0, "wall_s": 0.1, "cpu_s": 0.1}, "load": [[1.0], [1.0]], "minutes": 1.0,
+        "requests": {"completed": 10, "failed": 0},
+    }  # fmt: skip
+    result["predicted"][0]["candidate"]["max_num_seqs"] = 2
+    result["predicted_coarse"][0]["candidate"]["max_num_seqs"] = 2
+    text = "\n".join(workload_lines(result))
+    assert "Sweep-best 1 (none of the sweep stayed clean; below it: 1 (0 preemptions))" in text
+    assert "nan" not in text and "None" not in text
+    assert replay_verdict(result).wall == 1.0  # the pick is the sweep-best found below the sweep
+    nothing = {**result, "sweep_best": None, "below": {"1": [window, window]}, "confirmed": {}}
+    text = "\n".join(workload_lines(nothing))
+    assert "Sweep-best none: no value of the sweep nor below it, down to 1, stayed clean" in text
+    assert "nan" not in text and "None" not in text
+
+
+def window_of_lengths() -> object:
+    return window(uniform_lengths(1, 200, (200, 400)), uniform_lengths(2, 200, (100, 200)))
