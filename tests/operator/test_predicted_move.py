@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.core.predict import MISSES_BEFORE_STEPPING
+from kvtune.operator.decide import tuner as tuner_module
 from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode, TuningPolicy
@@ -149,3 +152,32 @@ def test_a_predicted_lowering_is_not_judged_on_its_drain() -> None:
     decision, state = decide(Window.of([*preempting(0, 5), *draining]), engine(value), POLICY, state, 19)
     assert decision.changes == () and "settle" in decision.note
     assert state.prediction.misses == 0 and state.pending is not None
+
+
+def test_a_recommendation_nobody_applied_is_planned_once_a_window_not_every_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each plan is a what-if simulation: a fleet of Recommend policies re-planned it every tick (issue 38).
+    The plan stands for a window (stretched by up to half of one), re-said meanwhile; then it is planned
+    again on the window then."""
+    policy = replace(POLICY, mode=Mode.RECOMMEND, evaluation_window_s=30)
+    planned: list[float] = []
+    real_plan = tuner_module.plan
+
+    def counting_plan(*args: object, **kwargs: object) -> object:
+        planned.append(1.0)
+        return real_plan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tuner_module, "plan", counting_plan)
+    samples = preempting(0, 80)
+    decision, state = decide(Window.of(samples[:6]), engine(64), policy, TunerState(), 5)
+    assert [a.remedy for a in decision.advice] == [Remedy.PREDICT_MAX_NUM_SEQS]
+    for t in range(6, 35):  # within the window: said again (once in history), never planned again
+        decision, state = decide(Window.of(samples[: t + 1]), engine(64), policy, state, t)
+        assert decision.changes == () and "predicted max_num_seqs" in decision.note
+    assert len(planned) == 1
+    assert [e.kind for e in state.history] == ["recommended"]
+    for t in range(35, 81):  # a window and a half later at the most: planned again
+        decision, state = decide(Window.of(samples[: t + 1]), engine(64), policy, state, t)
+    assert len(planned) >= 2
+    assert decision.changes == ()

@@ -21,6 +21,15 @@ class PredictionState:
     stepping: bool = False  # MISSES_BEFORE_STEPPING misses: measured stepping from then on
     points: tuple[OperatingPoint, ...] = ()
     since: float | None = None  # where the forecast's own evidence starts (verified, or held from)
+    planned_at: float | None = None  # when the forecast was planned (memory only: a restart plans again)
+
+    def plan_stands(self, now: float, window_s: float) -> bool:
+        """Whether a plan nobody applied still stands: for one evaluation window, stretched by up to half
+        of one by its own time, so a fleet's policies started together spread their re-plans apart."""
+        if self.planned_at is None:
+            return False
+        spread = 1.0 + (int(self.planned_at * 1000) % 500) / 1000
+        return now - self.planned_at < window_s * spread
 
     def with_point(self, point: OperatingPoint) -> tuple[OperatingPoint, ...]:
         return (*self.points, point)[-POINTS_KEPT:]

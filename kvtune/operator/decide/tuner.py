@@ -437,6 +437,27 @@ def _fit_impossible(window: Window, engine: EngineView) -> bool:
     return settings_of(engine) is None or window.histogram_latest(REQUEST_GENERATION_TOKENS) is None
 
 
+def _standing_recommendation(
+    d: Diagnosis, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
+) -> tuple[Decision | None, TunerState, bool] | None:
+    """A predicted value this policy may only recommend, re-said without planning again while the plan
+    stands (`PredictionState.plan_stands`): each plan is a what-if simulation, and re-planning one nobody
+    applied at every tick was 91% of a 100-policy operator's CPU. None: plan (there is no such value, the
+    engine moved, or the plan is a window old)."""
+    advised, current = state.prediction.forecast, engine.max_num_seqs
+    if advised is None or current is None or advised.value == current or advised.current != current:
+        return None
+    if state.pending is not None or not state.prediction.plan_stands(now, policy.evaluation_window_s):
+        return None
+    advice = Advice(Remedy.PREDICT_MAX_NUM_SEQS, True, current, advised.value,
+                    f"{advised.describe()}; workload: {advised.workload}")  # fmt: skip
+    if _can_apply(advice, engine, policy):
+        return None  # it may act: it plans on the window it acts on
+    new, state = _report(advice, d, state, now)
+    note = f"predicted max_num_seqs {advised.value}"
+    return Decision(d, advice=(advice,) if new else (), note=note), state, True  # the ladder leaves it be
+
+
 def _predictive(
     window: Window, d: Diagnosis, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
 ) -> tuple[Decision | None, TunerState, bool]:
@@ -459,6 +480,9 @@ def _predictive(
         state = replace(state, prediction=state.prediction.missed(why))
         if state.prediction.stepping:
             return None, state, False
+    standing = _standing_recommendation(d, engine, policy, state, now)
+    if standing is not None:
+        return standing
     recent = window.since(state.last_action_at)
     limits = fit_limits(policy)
     fit = fit_from_window(recent, engine, state.prediction.points, limits)
@@ -483,7 +507,8 @@ def _predictive(
             False,
         )
     forecast = result.outcome
-    state = replace(state, prediction=replace(state.prediction, forecast=forecast, points=points))
+    planned = replace(state.prediction, forecast=forecast, points=points, planned_at=now)
+    state = replace(state, prediction=planned)
     if forecast.value == current:
         held = replace(
             state.prediction, verdict=f"the value in force is the pick: {forecast.describe()}", since=now
