@@ -39,7 +39,9 @@ from pathlib import Path
 
 from kvtune.errors import KvtuneError
 
-INCLUDE_DIR = Path(__file__).parent / "csrc"  # paged_attention_common.h, shared with the benchmark's probes
+# The kernel's headers (cpu_primitives.h and one per runner, each compiling alone) and paged_attention_common.h,
+# which the benchmark's probes include too; every header is part of a build's cache key.
+INCLUDE_DIR = Path(__file__).parent / "csrc"
 SOURCE = INCLUDE_DIR / "paged_attention_cpu.cpp"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 MODEL_OPS_SOURCE = INCLUDE_DIR / "model_ops_cpu.cpp"

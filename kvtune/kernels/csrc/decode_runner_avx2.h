@@ -1,6 +1,6 @@
-// The decode runner for CPUs with AVX2 but not AVX-512, in 8-lane registers. Included by
-// paged_attention_cpu.cpp (inside its anonymous namespace, after Item, key_rows, Prefetchers and the exp
-// helpers), which uses it in place of the 16-lane DecodeRunner on such CPUs.
+// The decode runner for CPUs with AVX2 but not AVX-512, in 8-lane registers: paged_attention_cpu.cpp uses it
+// in place of the 16-lane DecodeRunner (decode_runner.h) where KVT_DECODE_AVX2 is defined. It compiles
+// wherever AVX2 and FMA are on (an AVX-512 build compiles it too, and leaves it unused).
 //
 // Why a second runner: GCC 12 keeps the 16-lane runner's vectors, two 256-bit halves each, in memory on
 // AVX2. Its G = 4 path holds 8 query quarters (16 ymm) and 8 accumulators at once where AVX2 has 16
@@ -8,14 +8,24 @@
 // to and from the stack and 15% in FMAs. This runner does the same walk with the same arithmetic, sized to
 // 16 registers:
 // - an item is a (sequence, key split) with all KV heads; keys in chunks of kDecodeChunk (the chunk's K/V
-//   rows stay in L1/L2), head by head: scores, online softmax, values; the same prefetch stream runs ahead;
+//   rows stay in L1/L2), head by head: scores, online softmax, values; the same prefetch stream runs ahead
+//   (the walk is run_decode_item's, decode_walk.h);
 // - scores: a ymm holds two query rows, lane 4r + i being row r's partial sum over dims i, i + 4, ... of one
 //   key; four keys make four such vectors, and reduce_quads8 finishes them into lane 4r + key. Pairs of rows
 //   are scored two at a time (8 accumulators, the query pair's two vectors, one broadcast key quad);
 // - values: each row's accumulator over a tile of dims that fits the registers beside one V row's tile.
-// No #include here: this file is read inside the .cpp's anonymous namespace, after the .cpp has included
-// <immintrin.h> and the standard headers it uses.
+
 #pragma once
+
+#include "decode_walk.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+#ifndef __AVX512F__
+#define KVT_DECODE_AVX2 1  // decode runs here: the 16-lane runner was about 10x slower per key on AVX2
+#endif
+
+namespace {
 
 using v8i = int32_t __attribute__((vector_size(32)));
 using v8u32 = uint32_t __attribute__((vector_size(32)));
@@ -233,3 +243,7 @@ class DecodeRunner8 {
         }
     }
 };
+
+}  // namespace
+
+#endif  // __AVX2__ && __FMA__

@@ -1,7 +1,7 @@
 // The prefill runner: a tile of query tokens against the key blocks, as small matrix products in vector
-// registers. Included by paged_attention_cpu.cpp (inside its anonymous namespace, after Item, the cache
-// element types and the exp helpers), which uses it for prefill and recompute chunks with head_dim 32, 64 or
-// 128 on CPUs with AVX-512 (16 lanes) or AVX2 (8 lanes); anything else keeps the scalar ItemRunner.
+// registers. paged_attention_cpu.cpp uses it for prefill and recompute chunks with head_dim 32, 64 or 128 on
+// CPUs with AVX-512 (16 lanes) or AVX2 (8 lanes), where this header defines KVT_PREFILL_LANES; anything else
+// keeps the scalar ItemRunner (item_runner.h).
 //
 // An item is (sequence, KV head, tile of query tokens): the tile's tokens times the G query heads that share
 // the KV head make kRows = 64 rows (a tile of 64 / G tokens; padding rows past the last token compute and
@@ -23,9 +23,10 @@
 // the output itself; tests/kernels check bf16 outputs within vLLM's bf16 tolerance). Single-thread CPU time
 // at the tiny model's geometry: 4 x 512-token prompts 11.5 -> 8.5 ms, a 1,500-token recompute 24.5 -> 14.3 ms;
 // the small model's 4 x 512: 44 -> 34 ms.
-// No #include here: this file is read inside the .cpp's anonymous namespace, after the .cpp has included
-// <immintrin.h> and the standard headers it uses.
+
 #pragma once
+
+#include "cpu_primitives.h"
 
 #if defined(__AVX512F__)
 #define KVT_PREFILL_LANES 16
@@ -34,6 +35,8 @@
 #endif
 
 #ifdef KVT_PREFILL_LANES
+
+namespace {
 
 constexpr int kPrefillLanes = KVT_PREFILL_LANES;
 constexpr int kPrefillRows = 64;
@@ -407,5 +410,7 @@ class PrefillRunner {
         }
     }
 };
+
+}  // namespace
 
 #endif  // KVT_PREFILL_LANES
