@@ -6,6 +6,9 @@ The breaking imports are derived from each contract itself, so a new contract is
 test: a `forbidden` contract gets, in each of its source modules, an import of each forbidden module; a
 `layers` contract an import of its top layer from its bottom one (and of one independent sibling from
 another); an `independence` contract an import of its second module from its first.
+
+The top level is one exhaustive `layers` contract: every package under kvtune/ has a floor in it, and a new
+one fails lint until it is given one (so do new rooms of the engine and the operator).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS: list[dict[str, Any]] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
     "importlinter"
 ]["contracts"]
+EXHAUSTIVE = [c for c in CONTRACTS if c["type"] == "layers" and c.get("exhaustive")]
+UNPLACED = "unplaced_for_the_test"
 
 
 def _module_path(root: Path, module: str) -> Path:
@@ -37,6 +42,15 @@ def _module_path(root: Path, module: str) -> Path:
 def _siblings(layer: str) -> list[str]:
     """The modules of one layer entry: `a | b` (independent) or `a : b` (not), or a single name."""
     return [part.strip() for part in re.split(r"[|:]", layer)]
+
+
+def _children(package: Path) -> set[str]:
+    """The modules and packages directly inside `package`, as import-linter sees them."""
+    return {
+        child.stem if child.is_file() else child.name
+        for child in package.iterdir()
+        if (child.suffix == ".py" and child.name != "__init__.py") or (child / "__init__.py").is_file()
+    }
 
 
 def breaking_imports(contract: dict[str, Any]) -> list[tuple[str, str]]:
@@ -122,3 +136,39 @@ def test_a_contract_broken_on_purpose_is_reported(contract: dict[str, Any], brok
     text = " ".join(broken_report.split())
     for importer, imported in breaking_imports(contract):
         assert f"{importer} -> {imported}" in text, (importer, imported)
+
+
+def test_the_top_level_is_one_exhaustive_layers_contract_that_places_every_package() -> None:
+    top = [c for c in CONTRACTS if c["type"] == "layers" and c.get("containers") == ["kvtune"]]
+    assert len(top) == 1, "one layers contract over kvtune"
+    assert top[0].get("exhaustive") is True
+    placed = [name for layer in top[0]["layers"] for name in _siblings(layer)]
+    assert sorted(placed) == sorted(_children(REPO / "kvtune"))
+    rooms = {container for c in EXHAUSTIVE for container in c["containers"]}
+    assert {"kvtune", "kvtune.engine", "kvtune.operator"} <= rooms
+
+
+def test_a_new_module_fails_lint_until_it_is_placed(tmp_path: Path) -> None:
+    """A new package at the top level, and a new room in the engine and in the operator: each exhaustive
+    contract names it unplaced; given a floor (the bottom one, beside the modules there), lint passes."""
+    copy_package(tmp_path)
+    for contract in EXHAUSTIVE:
+        for container in contract["containers"]:
+            _module_path(tmp_path, container).with_name(f"{UNPLACED}.py").write_text("")
+    done = lint(tmp_path)
+    assert done.returncode != 0, done.stdout
+    text = " ".join(done.stdout.split())
+    for contract in EXHAUSTIVE:
+        assert verdicts(done.stdout).get(contract["name"]) == "BROKEN", done.stdout
+        for container in contract["containers"]:
+            assert f"- {container}.{UNPLACED}" in text, (container, done.stdout)
+
+    config = tmp_path / "pyproject.toml"
+    text = config.read_text()
+    for contract in EXHAUSTIVE:
+        bottom = f'"{contract["layers"][-1]}"'
+        assert text.count(bottom) == 1, bottom
+        text = text.replace(bottom, f'"{contract["layers"][-1]} | {UNPLACED}"')
+    config.write_text(text)
+    done = lint(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -26,7 +26,6 @@ ENGINE_SELECTOR = "{" + ", ".join(m.ENGINE_MATCHERS) + "}"
 RATE_WINDOW = "5m"
 # One page per alert under docs/runbooks/, at this release's tag (a test resolves every one to its file).
 RUNBOOK_BASE = f"https://github.com/kvtune/kvtune/blob/v{__version__}/docs/runbooks"
-RUNBOOK_DIR = "docs/runbooks"
 # On-call runs the doctor from a laptop (through a port-forward to Prometheus) or from a Job with no rights,
 # never by exec into the operator, whose token may patch workloads (docs/runbooks/README.md). The chart
 # fills in <PROMETHEUS_URL> for its release (monitoring.prometheusRule.prometheusUrl).
