@@ -64,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=float, default=60.0, help="seconds measured once settled (default 60)"
     )
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="seconds after every policy's first evaluation before the window: the first plans "
+                        "(a what-if simulation per preempting policy, all due at once after a start) run "
+                        "then; 0 measures them (default 0)")  # fmt: skip
     parser.add_argument("--settle-timeout", type=float, default=600.0,
                         help="seconds allowed for every policy's first evaluation (default 600)")  # fmt: skip
     parser.add_argument("--recordings", default=",".join(RECORDINGS),
@@ -185,6 +189,9 @@ def one_run(size: int, args: argparse.Namespace, recordings: dict[str, Path]) ->
                 settle = time.monotonic() - started
             except AssertionError as err:
                 print(f"fleet of {size}: {err}", flush=True)
+            if args.warmup > 0:  # a benchmark's duration, not a wait for an event
+                print(f"fleet of {size}: warming up {args.warmup:g} s (the first plans)", flush=True)
+                time.sleep(args.warmup)
             ticks = os.sysconf("SC_CLK_TCK")
             api_before, ours_before = apiserver_metrics(cluster), operator_metrics(port)
             queries_before = prometheus_queries(metrics_of(world.prometheus)) if world.prometheus else {}
@@ -244,7 +251,7 @@ def format_section(args: argparse.Namespace, rows: list[FleetFigures], machine: 
     method = (
         f"`kvtune bench fleet --source {args.source} --policies {args.policies} --pods-per-policy {args.pods_per_policy} "
         f"--policies-per-namespace {args.policies_per_namespace} --interval {args.interval} --window "
-        f"{args.window:g} --operator-cpus {args.operator_cpus}` at {revision}, on {machine}, shared by everything below. Each size on a fresh local "
+        f"{args.window:g} --warmup {args.warmup:g} --operator-cpus {args.operator_cpus}` at {revision}, on {machine}, shared by everything below. Each size on a fresh local "
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), the chart installed "
         "watching the fleet's namespaces, and the operator run as a process with the chart's args (its default "
         "client-side limit: 20 requests/s, bursts of 30; 16 evaluations at once) and a token of "
@@ -253,7 +260,8 @@ def format_section(args: argparse.Namespace, rows: list[FleetFigures], machine: 
         "served by one replay process in the pods' network namespace, replaying a real engine's recorded "
         f"scrapes ({', '.join(f'docs/examples/{n}.prom' for n in args.recordings.split(','))}, dealt to the "
         "policies in turn) in a loop, counters carried on across loops. The operator starts with every policy "
-        "in place; once it has evaluated each once, a window of "
+        "in place; once it has evaluated each once"
+        f"{f' and {args.warmup:g} s more (its first plans)' if args.warmup else ''}, a window of "
         f"{args.window:g} s: operator CPU (utime + stime from /proc, % of one core) and peak RSS (VmRSS every "
         "second from its start); tick lag p50 / p99 from `kvtune_operator_evaluation_lag_seconds` (from a "
         "policy's interval running out to its evaluation recorded, bucket-interpolated); evaluations per second "

@@ -24,8 +24,8 @@ class PredictionState:
     planned_at: float | None = None  # when the forecast was planned (memory only: a restart plans again)
 
     def plan_stands(self, now: float, window_s: float) -> bool:
-        """Whether a plan nobody applied still stands: for one evaluation window, stretched by up to half
-        of one by its own time, so a fleet's policies started together spread their re-plans apart."""
+        """Whether a plan nobody applied still stands: for `window_s`, stretched by up to half of it by its
+        own time, so a fleet's policies started together spread their re-plans apart."""
         if self.planned_at is None:
             return False
         spread = 1.0 + (int(self.planned_at * 1000) % 500) / 1000

@@ -441,13 +441,15 @@ def _standing_recommendation(
     d: Diagnosis, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
 ) -> tuple[Decision | None, TunerState, bool] | None:
     """A predicted value this policy may only recommend, re-said without planning again while the plan
-    stands (`PredictionState.plan_stands`): each plan is a what-if simulation, and re-planning one nobody
-    applied at every tick was 91% of a 100-policy operator's CPU. None: plan (there is no such value, the
-    engine moved, or the plan is a window old)."""
+    stands (`PredictionState.plan_stands`) for an evaluation window or a cooldown, whichever is longer (the
+    pace at which Apply would act): each plan is a what-if simulation, and re-planning one nobody applied
+    at every tick was 91% of a 100-policy operator's CPU. None: plan (there is no such value, the engine
+    moved, or the plan is that old)."""
     advised, current = state.prediction.forecast, engine.max_num_seqs
     if advised is None or current is None or advised.value == current or advised.current != current:
         return None
-    if state.pending is not None or not state.prediction.plan_stands(now, policy.evaluation_window_s):
+    stands_s = max(policy.evaluation_window_s, policy.cooldown_s)  # re-said at the pace Apply would act
+    if state.pending is not None or not state.prediction.plan_stands(now, stands_s):
         return None
     advice = Advice(Remedy.PREDICT_MAX_NUM_SEQS, True, current, advised.value,
                     f"{advised.describe()}; workload: {advised.workload}")  # fmt: skip
