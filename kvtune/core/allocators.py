@@ -141,6 +141,10 @@ class KVAllocator(ABC):
     def withdraw_unwritten(self, req: Request, num_written: int) -> None:  # noqa: B027 (optional hook)
         """The runner failed to write `req`'s tokens from `num_written` on: unpublish any block holding them."""
 
+    def can_fork(self, parent: Request) -> bool:
+        """Whether `fork` would share `parent`'s KV: asked before a step samples a child from its parent."""
+        return False
+
     def fork(self, parent: Request, child: Request) -> bool:
         """Let `child` share `parent`'s KV (n > 1 sampling). False when the policy cannot share."""
         return False
@@ -297,6 +301,9 @@ class PagedAllocator(KVAllocator):
 
     def block_table(self, req: Request) -> list[int]:
         return self.blocks[req.request_id]
+
+    def can_fork(self, parent: Request) -> bool:
+        return parent.request_id in self.blocks
 
     def fork(self, parent: Request, child: Request) -> bool:
         blocks = list(self.blocks[parent.request_id])

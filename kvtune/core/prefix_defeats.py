@@ -29,6 +29,7 @@ from typing import Any
 
 from kvtune.core.fingerprints import is_sampled_anchor, kgram_anchors, prefix_hashes, stable_digest
 from kvtune.core.prefix_hash import ROOT_HASH, hash_block_tokens, prompt_block_hashes
+from kvtune.core.request import Request
 
 REASONS: tuple[str, ...] = ("varying_head", "shorter_than_block", "misaligned", "salted", "evicted")
 
@@ -189,6 +190,33 @@ def leading_hits(hashes: Sequence[int], table: Container[int]) -> int:
             break
         n += 1
     return n
+
+
+def cached_at_admission(
+    firsts: Sequence[Request], scheduled: Sequence[Request], counts: Sequence[int], block_size: int
+) -> list[int]:
+    """The prefix-cache hit an engine shows the detector for each prompt of `firsts`, admitted for the first
+    time in a step that computes `scheduled` (`counts` tokens each).
+
+    The cache publishes a block only once a step has scheduled it, so a prompt admitted beside another with
+    the same prefix (earlier in this step, or one still in prefill) misses blocks that were never cached, not
+    evicted: those count as hits here, so `evicted` means evicted.
+    """
+    first_ids = {r.request_id for r in firsts}
+    in_flight: set[int] = set()
+    for req, n in zip(scheduled, counts, strict=True):
+        if n > 1 and req.request_id not in first_ids:
+            in_flight.update(req.block_hashes)  # a prompt (re)computing: its tail is not cached yet
+    cached = []
+    for req in firsts:
+        hashes = req.block_hashes
+        blocks = req.num_cached_tokens // block_size
+        most = (req.num_prompt_tokens - 1) // block_size
+        while blocks < min(most, len(hashes)) and hashes[blocks] in in_flight:
+            blocks += 1
+        cached.append(max(req.num_cached_tokens, blocks * block_size))
+        in_flight.update(hashes)
+    return cached
 
 
 @dataclass

@@ -11,10 +11,11 @@ skipped, so when it does not fit the reason is recorded (head-of-line blocking).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvtune.core.allocators import AdmissionBlock, KVAllocator
+from kvtune.core.forks import PendingChoices
 from kvtune.core.request import FinishReason, Request, RequestStatus
 
 
@@ -94,6 +95,12 @@ class SchedulerStep:
     def total_tokens(self) -> int:
         return sum(self.num_tokens)
 
+    def batch_order(self) -> list[int]:
+        """Positions of the step's requests, decodes first, then prompt chunks (stable): the order a batch
+        is computed in, so the order its rows sample in."""
+        counts = self.num_tokens
+        return sorted(range(len(counts)), key=lambda i: counts[i] != 1)
+
     def sampling_requests(self) -> list[Request]:
         """The requests this step samples the next token of (`samples_now`), in step order."""
         return [r for r in self.requests if samples_now(r)]
@@ -114,10 +121,14 @@ class Scheduler:
         self.preemption_log: deque[Preemption] = deque(maxlen=1024)
         self.prefix_cache = PrefixCacheStats()
         self.finished: list[Request] = []
+        self.choices = PendingChoices()
 
     # --- queue management ----------------------------------------------------------------------------
-    def add_request(self, req: Request) -> None:
-        """Queue a request; refuse one that could never fit in the whole pool (it would wait forever)."""
+    def add_request(self, req: Request, choices: Sequence[Request] = ()) -> None:
+        """Queue a request; refuse one that could never fit in the whole pool (it would wait forever).
+
+        `choices`: its n > 1 siblings, held until it first samples, then forked from its blocks.
+        """
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         need = self.allocator.admission_need(req)
@@ -128,6 +139,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
         self.waiting.append(req)
+        self.choices.hold(req.request_id, list(choices))
 
     def fork_request(self, parent: Request, child: Request) -> bool:
         """Start `child` (same prompt, computed state) on `parent`'s blocks: n > 1 sampling shares the prompt.
@@ -148,6 +160,10 @@ class Scheduler:
         self.running.append(child)
         return True
 
+    def release_choices(self, parent_id: str) -> list[Request]:
+        """Forget the choices still waiting on `parent_id` (it failed or went away): never scheduled."""
+        return self.choices.release(parent_id)
+
     def abort(self, request_id: str) -> Request | None:
         """Remove a request wherever it is and free its memory (a client that went away)."""
         req = self.requests.get(request_id)
@@ -159,6 +175,11 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting_choices(self) -> int:
+        """n > 1 choices waiting on their parent's first sample: queued work that `waiting` does not show."""
+        return len(self.choices)
 
     # --- one step ------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerStep:
@@ -248,21 +269,63 @@ class Scheduler:
         )
 
     # --- results of a step ---------------------------------------------------------------------------
-    def update_from_output(self, sampled: Iterable[Sampled]) -> list[Request]:
-        """Apply what a step sampled: append each token, and finish its request on a stop token, max_tokens
-        or its known length. Returns the requests it finished. (Stop strings, which only text shows, end a
-        request through `finish`.)"""
+    def forks(
+        self, step: SchedulerStep, faulted: Sequence[tuple[Request, int]] = ()
+    ) -> list[tuple[Request, Request]]:
+        """The waiting n > 1 choices that `update_from_output` forks after this step, as (child, parent): a
+        query, so that the engine samples each child first, from its parent's logits row."""
+        return self._plan_forks(step, faulted)[0] if self.choices else []
+
+    def update_from_output(
+        self, step: SchedulerStep, sampled: Iterable[Sampled], faulted: Sequence[tuple[Request, int]] = ()
+    ) -> list[Request]:
+        """Apply what `step` computed, once per step (vLLM's `Scheduler.update_from_output`), and return the
+        requests it ended. Stop strings, which only text shows, end a request through `finish`.
+
+        `faulted`: the chunks the step failed to compute, as (request, tokens in the chunk); their KV was
+        never written, so no later request may take those blocks as a prefix hit. Then the choices waiting
+        on a parent that samples now fork (`forks`; those without room are queued), and each sampled token
+        is appended, ending its request on a stop token, max_tokens or its known length.
+        """
+        for req, count in faulted:
+            self.allocator.withdraw_unwritten(req, req.num_computed_tokens - count)
+        if self.choices:
+            forked, queued = self._plan_forks(step, faulted)
+            for child, parent in forked:
+                self.choices.release(parent.request_id)
+                if not self.fork_request(parent, child):
+                    raise RuntimeError(f"choice {child.request_id} could not fork as planned")
+            for child, parent in queued:
+                self.choices.release(parent.request_id)
+                self.add_request(child)
         finished = []
         for one in sampled:
             if self.append_token(one.request, one.token, eos=one.stop):
                 finished.append(one.request)
         return finished
 
-    def withdraw_faulted(self, faulted: Iterable[tuple[Request, int]]) -> None:
-        """Chunks a step failed to compute, as (request, tokens in the chunk): their KV was never written, so
-        no later request may take those blocks as a prefix hit."""
-        for req, count in faulted:
-            self.allocator.withdraw_unwritten(req, req.num_computed_tokens - count)
+    def _plan_forks(
+        self, step: SchedulerStep, faulted: Sequence[tuple[Request, int]]
+    ) -> tuple[list[tuple[Request, Request]], list[tuple[Request, Request]]]:
+        """(forked, queued), each as (child, parent): the choices of every parent sampling now (in batch order,
+        its chunk not faulted) fork while a running slot is free and the allocator can share its KV."""
+        lost = {req.request_id for req, _ in faulted}
+        reqs = step.requests
+        parents = [
+            req
+            for req in (reqs[i] for i in step.batch_order())
+            if samples_now(req) and req.request_id not in lost
+        ]
+        room = self.config.max_num_seqs - len(self.running)
+        forked: list[tuple[Request, Request]] = []
+        queued: list[tuple[Request, Request]] = []
+        for child, parent in self.choices.waiting_on(parents):
+            if room > 0 and self.allocator.can_fork(parent):
+                forked.append((child, parent))
+                room -= 1
+            else:
+                queued.append((child, parent))
+        return forked, queued
 
     def append_token(self, req: Request, token_id: int, eos: bool = False) -> bool:
         """Record a sampled token; finish the request on EOS, max_tokens or its known length. True if done."""
@@ -279,8 +342,12 @@ class Scheduler:
         return True
 
     def finish(self, req: Request, reason: FinishReason) -> None:
-        """End a request for a reason only the engine can see (a stop string, say), wherever it is."""
-        self._finish(req, reason)
+        """End a request for a reason only the engine can see (a stop string, say), wherever it is. One that
+        its last token already ended (max_tokens) takes this reason: vLLM checks stop strings first."""
+        if req.status is RequestStatus.FINISHED:
+            req.finish_reason = reason
+        else:
+            self._finish(req, reason)
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
         if req.status is RequestStatus.FINISHED:

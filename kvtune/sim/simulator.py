@@ -112,7 +112,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         out = sched.schedule()
         sampled = [Sampled(req, 0) for req in out.requests if samples_now(req)]
         produced = len(sampled)
-        sched.update_from_output(sampled)
+        sched.update_from_output(out, sampled)
         blocked = out.blocked
         if blocked is not None:
             blocked_steps[blocked.reason] = blocked_steps.get(blocked.reason, 0) + 1

@@ -11,6 +11,7 @@ from kvtune.core import (
     PrefixCacheStats,
     Request,
     RequestStatus,
+    Sampled,
     Scheduler,
     SchedulerConfig,
 )
@@ -356,3 +357,93 @@ def test_config_refuses_non_positive_limits() -> None:
         SchedulerConfig(max_num_seqs=0)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         SchedulerConfig(max_num_batched_tokens=0)
+
+
+# --- update_from_output: one call applies a whole step -----------------------------------------------------
+
+
+def test_update_from_output_appends_every_sampled_token_and_returns_what_it_ended() -> None:
+    sched = paged(32, 4)
+    short = Request("short", prompt(4), max_tokens=1)
+    long_ = Request("long", prompt(4, start=10), max_tokens=5)
+    eos = Request("eos", prompt(4, start=20), max_tokens=5)
+    for req in (short, long_, eos):
+        sched.add_request(req)
+    step = sched.schedule()
+    sampled = [Sampled(short, 7), Sampled(long_, 8), Sampled(eos, 9, stop=True)]
+    assert sched.update_from_output(step, sampled) == [short, eos]
+    assert (short.finish_reason, eos.finish_reason) == (FinishReason.LENGTH, FinishReason.STOP)
+    assert long_.output_token_ids == [8] and sched.running == [long_]
+
+
+def test_update_from_output_withdraws_a_faulted_chunk_from_the_prefix_cache() -> None:
+    sched = paged(32, 4)
+    bad = Request("bad", prompt(9), max_tokens=4)
+    sched.add_request(bad)
+    step = sched.schedule()  # publishes the two full prompt blocks as it schedules them
+    sched.update_from_output(step, [], faulted=[(bad, step.num_tokens[0])])
+    sched.abort("bad")
+    again = Request("again", prompt(9), max_tokens=4)
+    sched.add_request(again)
+    sched.schedule()
+    assert again.num_cached_tokens == 0, "blocks whose KV was never written must not be hits"
+
+
+def family(sched: Scheduler, n: int, length: int = 6) -> tuple[Request, list[Request]]:
+    parent = Request("p", prompt(length), max_tokens=4)
+    children = [Request(f"p#{i}", prompt(length), max_tokens=4) for i in range(1, n)]
+    sched.add_request(parent, children)
+    return parent, children
+
+
+def test_the_choices_fork_in_update_from_output_when_their_parent_first_samples() -> None:
+    sched = paged(32, 4)
+    parent, children = family(sched, 3)
+    assert sched.num_waiting_choices == 2 and sched.running == []
+    step = sched.schedule()
+    assert sched.forks(step) == [(c, parent) for c in children]
+    assert sched.running == [parent], "forks() only says; update_from_output forks"
+    sampled = [Sampled(parent, 1), *(Sampled(c, 2 + i) for i, c in enumerate(children))]
+    sched.update_from_output(step, sampled)
+    assert sched.running == [parent, *children] and sched.num_waiting_choices == 0
+    assert [c.output_token_ids for c in children] == [[2], [3]]
+    assert all(c.num_computed_tokens == parent.num_computed_tokens for c in children)
+
+
+def test_choices_without_a_running_slot_queue_instead_of_forking() -> None:
+    sched = paged(32, 4, max_num_seqs=2)
+    parent, children = family(sched, 3)
+    step = sched.schedule()
+    assert sched.forks(step) == [(children[0], parent)]
+    sched.update_from_output(step, [Sampled(parent, 1), Sampled(children[0], 2)])
+    assert sched.running == [parent, children[0]] and list(sched.waiting) == [children[1]]
+
+
+def test_a_policy_that_cannot_share_queues_every_choice() -> None:
+    sched = Scheduler(ContiguousAllocator(32, 4), SchedulerConfig())
+    parent, children = family(sched, 3)
+    step = sched.schedule()
+    assert sched.forks(step) == []
+    sched.update_from_output(step, [Sampled(parent, 1)])
+    assert sched.running == [parent] and list(sched.waiting) == children
+
+
+def test_choices_wait_while_their_parent_computes_its_prompt_and_never_fork_from_a_faulted_chunk() -> None:
+    sched = paged(32, 4, max_num_batched_tokens=4)
+    parent, children = family(sched, 2, length=6)
+    step = sched.schedule()  # the first 4 of 6 prompt tokens: no sample yet
+    assert sched.forks(step) == []
+    sched.update_from_output(step, [])
+    assert sched.num_waiting_choices == 1
+    step = sched.schedule()
+    faulted = [(parent, step.num_tokens[0])]
+    assert sched.forks(step, faulted) == []
+    sched.update_from_output(step, [], faulted)
+    assert sched.num_waiting_choices == 1 and sched.release_choices("p") == children
+
+
+def test_finish_gives_a_request_ended_on_its_length_the_stop_reason() -> None:
+    sched, req = running_request(max_tokens=1)
+    assert sched.append_token(req, 1)
+    sched.finish(req, FinishReason.STOP)  # a stop string in the same last token
+    assert req.finish_reason is FinishReason.STOP and sched.pop_finished() == [req]

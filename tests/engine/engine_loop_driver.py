@@ -105,7 +105,7 @@ def assert_idle_and_all_free(engine: LLMEngine) -> None:
     assert not engine.has_unfinished_requests()
     assert engine.num_running == 0 and engine.num_waiting == 0
     assert engine.scheduler.requests == {}
-    assert engine._tracks == {}, f"engine still tracks {sorted(engine._tracks)}"
+    assert engine.output.tracks == {}, f"engine still tracks {sorted(engine.output.tracks)}"
     alloc = engine.allocator
     assert alloc.slots_held == 0 and alloc.free_slots == alloc.num_slots
     assert alloc.capacity == {} and alloc.internal_slots == 0

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from fastapi import APIRouter
 
 from kvtune.contract.admin import AdminBounds, AdminConfig, AdminConfigPatch
+from kvtune.engine.loop.errors import EngineDeadError
 from kvtune.engine.loop.llm_engine import LLMEngine
-from kvtune.engine.loop.thread import AsyncEngine, EngineDeadError
+from kvtune.engine.loop.thread import AsyncEngine
 from kvtune.front.admin import admin_router
 from kvtune.front.body import read_json
 from kvtune.front.errors import ApiError

@@ -21,7 +21,8 @@ from kvtune.engine.http.protocol import (
 )
 from kvtune.engine.http.serving import OpenAIServing, parse_body
 from kvtune.engine.http.streaming import DONE, ChoiceTexts, event_stream, sse
-from kvtune.engine.loop.thread import RequestFailedError, RequestStream
+from kvtune.engine.loop.errors import RequestFailedError
+from kvtune.engine.loop.thread import RequestStream
 from kvtune.errors import KvtuneError
 from kvtune.front.errors import ApiError, error_body
 

@@ -17,7 +17,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from kvtune.contract.metrics import CAPPED_LABELS
 from kvtune.contract.preemptions import REQUEST_PREEMPTIONS_BUCKETS, REQUEST_PREEMPTIONS_SERIES
-from kvtune.engine.loop.llm_engine import ERROR_FINISH_REASON, FAILURE_STAGES, LLMEngine
+from kvtune.engine.loop.errors import ERROR_FINISH_REASON, FAILURE_STAGES
+from kvtune.engine.loop.llm_engine import LLMEngine
 from kvtune.engine.loop.thread import EngineStats
 from kvtune.front.prefix_report import PrefixDefeatCollector
 

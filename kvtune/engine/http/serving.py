@@ -26,13 +26,8 @@ from pydantic import BaseModel, ValidationError
 from kvtune.engine.http.openai_logprobs import LogprobsFormatter
 from kvtune.engine.http.request_max_tokens import CapDecision, MaxTokensOverCapError, choose_max_tokens
 from kvtune.engine.http.streaming import ChoiceTexts, unless_disconnected
-from kvtune.engine.loop.thread import (
-    AsyncEngine,
-    EngineDeadError,
-    EngineOverloadedError,
-    RequestFailedError,
-    RequestStream,
-)
+from kvtune.engine.loop.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
+from kvtune.engine.loop.thread import AsyncEngine, RequestStream
 from kvtune.errors import KvtuneError
 from kvtune.front.body import read_json
 from kvtune.front.errors import ApiError, describe_validation_error, echoed

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from kvtune.engine.http.protocol import Usage
-from kvtune.engine.loop.llm_engine import RequestOutput
+from kvtune.engine.loop.output import RequestOutput
 from kvtune.engine.model.logprobs import TokenLogprobs
 
 T = TypeVar("T")

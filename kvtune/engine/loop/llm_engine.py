@@ -1,6 +1,7 @@
 """The engine loop: kvtune.core's scheduler driving a real model over the paged KV cache (the steps of one
-request: ARCHITECTURE.md). The engine keeps the requests, their outputs, stops and stats; the ModelRunner
-owns the model, the cache and the kernels.
+request: ARCHITECTURE.md). The engine admits requests and runs each step; the scheduler learns of a step once,
+in `update_from_output`; the output processor (`output.py`) turns tokens into text, stops and figures; the
+ModelRunner owns the model, the cache and the kernels.
 
 No request can fail another: the per-request parts of a step (sampling, stop checks, detokenizing) fail
 that request alone, and a forward pass that raises is retried once per scheduled sequence, alone (re-running
@@ -9,7 +10,7 @@ failed, its blocks freed and withdrawn from the prefix cache. A failed request e
 "error" (vLLM's FinishReason.ERROR), apart from client aborts.
 
 The engine holds the live max_tokens cap (`cap_setting`, which the admin API changes) but does not apply
-it: the HTTP layer decides every request's max_tokens through `core.max_tokens_cap`, the one function the
+it: the HTTP layer decides every request's max_tokens through `front.max_tokens_cap`, the one function the
 proxy uses too. The prefix-defeat detector, when on, sees each prompt once, at its first admission, with
 the prefix-cache hit the scheduler really found.
 """
@@ -18,100 +19,34 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 from kvtune.contract.admin import CapSetting
 from kvtune.contract.knobs import CAP_MODES, CapMode
-from kvtune.core import Request, Sampled, Scheduler, SchedulerConfig, make_allocator, samples_now
+from kvtune.core import Request, Scheduler, SchedulerConfig, SchedulerStep, make_allocator, samples_now
 from kvtune.core.accounting import tokens_held
-from kvtune.core.forks import PendingChoices, choice_id
-from kvtune.core.prefix_defeats import PrefixDefeatDetector
-from kvtune.core.request import FinishReason, RequestStatus
-from kvtune.engine.loop.stops import StopChecker
+from kvtune.core.forks import choice_id
+from kvtune.core.prefix_defeats import PrefixDefeatDetector, cached_at_admission
+from kvtune.engine.loop.output import (
+    EngineCounters,
+    FinishedStats,
+    ModelOutput,
+    OutputProcessor,
+    RequestOutput,
+)
 from kvtune.engine.model.attention_metadata import ScheduledChunk
 from kvtune.engine.model.engine_config import EngineConfig
 from kvtune.engine.model.kv_cache import KVCache
-from kvtune.engine.model.logprobs import TokenLogprobs
 from kvtune.engine.model.model_runner import ModelRunner
 from kvtune.engine.model.sampling import SamplingParams
 from kvtune.front.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
-# vLLM's FinishReason.ERROR: the engine failed the request (counted apart from "abort", a client leaving).
-ERROR_FINISH_REASON = "error"
-# Where in a step a request failed (the label of kvtune:request_failures_total): its forward pass, its
-# sampling, its output handling (stop checks, detokenizing), or elsewhere in the step.
-FAILURE_STAGES = ("forward", "sampling", "output", "step")
-
-
-@dataclass
-class RequestOutput:
-    """What one request (one choice of it, for n > 1) gained in one step."""
-
-    request_id: str
-    index: int
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    num_cached_tokens: int
-    logprobs: TokenLogprobs | None = None  # only for requests that asked, and not for a hidden end token
-    error: Exception | None = None  # set when the request failed: finish_reason is then "error"
-
-
-@dataclass
-class FinishedStats:
-    """Per-request figures the latency and size histograms observe once a request ends."""
-
-    finish_reason: str
-    queue_time: float
-    time_to_first_token: float | None
-    e2e_latency: float
-    prompt_tokens: int
-    generation_tokens: int
-    max_tokens: int
-    num_preemptions: int = 0  # times this request was preempted (vllm:request_num_preemptions)
-
-
-@dataclass
-class EngineCounters:
-    """Monotonic counters since boot, in vLLM's sense of each name."""
-
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
-    failures: dict[str, int] = field(default_factory=dict)  # failed requests by the stage that raised
-
-
-@dataclass
-class SequenceState:
-    """Engine-side state of one scheduled sequence."""
-
-    client_id: str
-    index: int
-    params: SamplingParams
-    generator: torch.Generator | None
-    stops: StopChecker
-    arrival: float
-    scheduled_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    num_cached_tokens: int = 0  # prefix-cache hit at first admission (a recompute's hit is not the client's)
-    prefix_key: str = ""  # what the prefix-defeat detector groups this prompt under (model or tenant)
-
 
 class LLMEngine:
-    """A paged-attention inference engine on one device: the requests, their outputs, stops and stats, on
-    kvtune.core's scheduler; its ModelRunner does the computing."""
+    """A paged-attention inference engine on one device: requests in, a step at a time, on kvtune.core's
+    scheduler; its OutputProcessor says what each step gave, its ModelRunner does the computing."""
 
     def __init__(self, config: EngineConfig) -> None:
         config.validate()
@@ -145,17 +80,17 @@ class LLMEngine:
             if config.prefix_detector
             else None
         )
-        self.counters = EngineCounters()
-        self._tracks: dict[str, SequenceState] = {}
-        self._choices = PendingChoices()
-        self._finished_stats: list[FinishedStats] = []
-        self._itl: list[float] = []
-        self._eos = self.tokenizer.eos_token_ids | frozenset(self.model_config.eos_token_ids)
+        eos = self.tokenizer.eos_token_ids | frozenset(self.model_config.eos_token_ids)
+        self.output = OutputProcessor(self.scheduler, self.tokenizer.decode, eos)
 
     @property
     def cache(self) -> KVCache:
         """The runner's KV cache: its geometry is what the metrics and the boot log report."""
         return self.runner.cache
+
+    @property
+    def counters(self) -> EngineCounters:
+        return self.output.counters
 
     # --- requests ------------------------------------------------------------------------------------
     def add_request(
@@ -192,60 +127,34 @@ class LLMEngine:
                 f"length {self.max_model_len}"
             )
         # Choice i > 0 runs as "<id>#<i>": no new id may collide with a live one either way round.
+        tracks = self.output.tracks
         choice_ids = [choice_id(request_id, i) for i in range(params.n)]
-        if any(t.client_id == request_id for t in self._tracks.values()) or any(
-            rid in self._tracks for rid in choice_ids
+        if any(t.client_id == request_id for t in tracks.values()) or any(
+            rid in tracks for rid in choice_ids
         ):
             raise ValueError(f"request id {request_id!r} is already running")
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        key = self.served_model_name if prefix_key is None else prefix_key
-        parent = self._make_request(request_id, 0, prompt_token_ids, params, arrival, cache_salt, key)
-        try:
-            self.scheduler.add_request(parent)  # refuses a request the whole pool could never hold
-        except ValueError:
-            del self._tracks[parent.request_id]
-            raise
-        children = [
-            self._make_request(request_id, index, prompt_token_ids, params, arrival, cache_salt, key)
-            for index in range(1, params.n)
-        ]
-        self._choices.hold(parent.request_id, children)
-
-    def _make_request(
-        self,
-        client_id: str,
-        index: int,
-        prompt: list[int],
-        params: SamplingParams,
-        arrival: float,
-        cache_salt: str | None,
-        prefix_key: str,
-    ) -> Request:
-        rid = choice_id(client_id, index)
         expected = params.max_tokens if params.ignore_eos else None
-        req = Request(
-            rid, list(prompt), params.max_tokens, expected_output_len=expected, cache_salt=cache_salt
-        )
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device="cpu")
-            generator.manual_seed(params.seed + index)
-        stops = StopChecker(params, self._eos, self.tokenizer.decode)
-        self._tracks[rid] = SequenceState(
-            client_id, index, params, generator, stops, arrival, prefix_key=prefix_key
-        )
-        return req
+        choices = [
+            Request(
+                rid,
+                list(prompt_token_ids),
+                params.max_tokens,
+                expected_output_len=expected,
+                cache_salt=cache_salt,
+            )
+            for rid in choice_ids
+        ]
+        self.scheduler.add_request(
+            choices[0], choices[1:]
+        )  # refuses a request the whole pool could never hold
+        key = self.served_model_name if prefix_key is None else prefix_key
+        for index, rid in enumerate(choice_ids):
+            self.output.add(rid, request_id, index, params, arrival, key)
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request and every choice of it, freeing their blocks (a client that went away)."""
-        for rid, track in list(self._tracks.items()):
-            if track.client_id != request_id:
-                continue
-            self._release_choices(rid)
-            req = self.scheduler.abort(rid)
-            if req is not None:
-                self._record_finished(req, track)
-            self._tracks.pop(rid, None)
+        self.output.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work
@@ -312,90 +221,69 @@ class LLMEngine:
 
     # --- one step ------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler
-        preempted_before = sched.num_preemptions
-        out = sched.schedule()
-        self.counters.num_preemptions += sched.num_preemptions - preempted_before
+        """One step, as vLLM's `EngineCore.step`: schedule, run the model, update the scheduler once, then
+        turn the sampled tokens into outputs (text, stop strings, figures) in the output processor."""
+        out = self.scheduler.schedule()
         now = time.monotonic()
-        for req in out.admitted:
-            track = self._tracks[req.request_id]
-            if track.scheduled_at is None:
-                track.scheduled_at = now
-            if req.num_preemptions == 0:
-                track.num_cached_tokens = req.num_cached_tokens
-                self.counters.prompt_tokens += req.num_prompt_tokens if track.index == 0 else 0
+        self._scheduled(out, now)
+        model = self._execute(out, now)
+        sampled = self.output.sampled(model)
+        self.scheduler.update_from_output(out, sampled, model.faulted)
+        return self.output.process(model, sampled)
+
+    def _scheduled(self, out: SchedulerStep, now: float) -> None:
+        """What the step's admissions change before the model runs: queue times, counters, the detector, and
+        the copy-on-write copies the allocator asked for."""
+        self.output.scheduled(out, now)
         if self.prefix_detector is not None:
-            self._observe_prompts(out.requests, out.num_tokens, out.admitted)
-        self.counters.prefix_cache_queries = sched.prefix_cache.queries
-        self.counters.prefix_cache_hits = sched.prefix_cache.hits
+            self._observe_prompts(out)
         if out.copies:
             self.runner.copy_blocks(out.copies)
+
+    def _observe_prompts(self, out: SchedulerStep) -> None:
+        """Show the detector each prompt once, at its first admission, with the prefix-cache hit it got: a
+        recompute after preemption hits its own blocks, which says nothing about the prompt's shape."""
+        detector, tracks = self.prefix_detector, self.output.tracks
+        assert detector is not None
+        firsts = [r for r in out.admitted if r.num_preemptions == 0 and tracks[r.request_id].index == 0]
+        if not firsts:
+            return
+        cached: list[int | None] = [None] * len(firsts)  # no prefix cache: a hit of 0 says nothing
+        if self._caches_prefixes:
+            cached = [*cached_at_admission(firsts, out.requests, out.num_tokens, self.cache.block_size)]
+        for req, hit in zip(firsts, cached, strict=True):
+            key = tracks[req.request_id].prefix_key
+            detector.observe(key, req.prompt_token_ids, cache_salt=req.cache_salt, cached_tokens=hit)
+
+    def _execute(self, out: SchedulerStep, now: float) -> ModelOutput:
+        """Compute the step's batch (decodes first) and sample every row that samples now, with the n > 1
+        choices the scheduler forks after this step sampling their parent's row. A chunk whose forward pass
+        fails fails its client request, whose other choices then sample nothing."""
         if not out.requests:
-            return self._drain_finished([])
-        order = sorted(range(len(out.requests)), key=lambda i: out.num_tokens[i] != 1)
+            return ModelOutput(now)
+        order = out.batch_order()
         reqs = [out.requests[i] for i in order]
         counts = [out.num_tokens[i] for i in order]
         logits, faults = self.runner.forward(self._chunks(reqs, counts))
-        outputs: list[RequestOutput] = []
+        tracks = self.output.tracks
         for i, err in faults.items():
             logger.error("the forward pass of %s failed", reqs[i].request_id, exc_info=err)
-        failed_clients = {self._tracks[reqs[i].request_id].client_id: err for i, err in faults.items()}
-        sched.withdraw_faulted((reqs[i], counts[i]) for i in faults)
-        for client_id, err in failed_clients.items():
-            outputs += self.fail_request(client_id, err, "forward")
+        failed = {tracks[reqs[i].request_id].client_id: err for i, err in faults.items()}
+        faulted = [(reqs[i], counts[i]) for i in faults]
         rows = [i for i, req in enumerate(reqs) if i not in faults and samples_now(req)]
+        if failed:
+            rows = [i for i in rows if tracks[reqs[i].request_id].client_id not in failed]
         sampling = [reqs[i] for i in rows]
-        rows += [rows[parent] for parent in self._choices.fork(sched, sampling)]
-        tracks = [self._tracks[r.request_id] for r in sampling]
+        forks = self.scheduler.forks(out, faulted)
+        if forks:
+            row_of = {reqs[i].request_id: i for i in rows}
+            rows += [row_of[parent.request_id] for _, parent in forks]
+            sampling += [child for child, _ in forks]
+        states = [tracks[r.request_id] for r in sampling]
         tokens, logprobs = self.runner.sample(
-            logits, rows, [t.params for t in tracks], [t.generator for t in tracks]
+            logits, rows, [t.params for t in states], [t.generator for t in states]
         )
-        for req, track, token, token_logprobs in zip(sampling, tracks, tokens, logprobs, strict=True):
-            if req.status is RequestStatus.FINISHED:
-                continue  # another choice of the same client request failed earlier in this loop
-            if isinstance(token, Exception):
-                outputs += self.fail_request(track.client_id, token, "sampling")
-                continue
-            try:
-                outputs.append(self._append(req, track, token, now, token_logprobs))
-            except Exception as err:
-                outputs += self.fail_request(track.client_id, err, "output")
-        return self._drain_finished(outputs)
-
-    def _observe_prompts(self, scheduled: list[Request], counts: list[int], admitted: list[Request]) -> None:
-        """Show the detector each prompt once, at its first admission, with the prefix-cache hit it got.
-
-        A recompute after preemption hits its own blocks, which says nothing about the prompt's shape, so it
-        is never shown again. The cache publishes a block only once a step has scheduled it, so a prompt
-        admitted beside another with the same prefix (earlier in this step, or one still in prefill) misses
-        blocks that were never cached, not evicted: those count as hits here, so `evicted` means evicted.
-        """
-        detector = self.prefix_detector
-        assert detector is not None
-        firsts = [r for r in admitted if r.num_preemptions == 0 and self._tracks[r.request_id].index == 0]
-        if not firsts:
-            return
-        in_flight: set[int] = set()
-        if self._caches_prefixes:
-            first_ids = {r.request_id for r in firsts}
-            for req, n in zip(scheduled, counts, strict=True):
-                if n > 1 and req.request_id not in first_ids:
-                    in_flight.update(req.block_hashes)  # a prompt (re)computing: its tail is not cached yet
-        block_size = self.cache.block_size
-        for req in firsts:
-            cached: int | None = None
-            if self._caches_prefixes:
-                hashes = req.block_hashes
-                blocks = req.num_cached_tokens // block_size
-                most = (req.num_prompt_tokens - 1) // block_size
-                while blocks < min(most, len(hashes)) and hashes[blocks] in in_flight:
-                    blocks += 1
-                cached = max(req.num_cached_tokens, blocks * block_size)
-                in_flight.update(hashes)
-            track = self._tracks[req.request_id]
-            detector.observe(
-                track.prefix_key, req.prompt_token_ids, cache_salt=req.cache_salt, cached_tokens=cached
-            )
+        return ModelOutput(now, sampling, tokens, logprobs, faulted, failed)
 
     def _chunks(self, reqs: list[Request], counts: list[int]) -> list[ScheduledChunk]:
         """What the runner computes for each scheduled request: its new tokens, after its cached ones."""
@@ -406,133 +294,14 @@ class LLMEngine:
             chunks.append(ScheduledChunk(tokens, start, self.allocator.block_table(req)))
         return chunks
 
-    # --- failures ------------------------------------------------------------------------------------
-    def fail_request(self, request_id: str, error: Exception, stage: str) -> list[RequestOutput]:
-        """End every choice of client request `request_id` with finish reason "error", freeing its blocks.
-
-        Returns the one output that carries `error` to the client (empty if the request is not live);
-        `stage` (forward, sampling, output, step) is what the failure counters are labelled with.
-        """
-        tracks = [(rid, t) for rid, t in self._tracks.items() if t.client_id == request_id]
-        if not tracks:
-            return []
-        first = self.scheduler.requests.get(tracks[0][0])
-        for rid, track in tracks:
-            self._release_choices(rid)
-            req = self.scheduler.abort(rid)
-            if req is not None:
-                self._record_finished(req, track, ERROR_FINISH_REASON)
-                self._tracks.pop(rid, None)
-            elif all(r.request_id != rid for r in self.scheduler.finished):
-                self._tracks.pop(rid, None)  # a choice still queued on its parent, never scheduled
-            # else: a choice that finished normally earlier in this step; _drain_finished records it
-        self.counters.failures[stage] = self.counters.failures.get(stage, 0) + 1
-        head = tracks[0][1]
-        return [
-            RequestOutput(
-                request_id=request_id,
-                index=0,
-                new_token_ids=[],
-                new_text="",
-                finished=True,
-                finish_reason=ERROR_FINISH_REASON,
-                num_prompt_tokens=first.num_prompt_tokens if first is not None else 0,
-                num_output_tokens=len(first.output_token_ids) if first is not None else 0,
-                num_cached_tokens=head.num_cached_tokens,
-                error=error,
-            )
-        ]
-
     def fail_in_flight(self, error: Exception) -> list[RequestOutput]:
-        """A step raised outside the per-request guards: fail the requests it was running, not the queue.
-
-        With nothing running, the head of the queue (the request being admitted) is failed instead, so a
-        fault that repeats every step still makes progress through the queue instead of spinning.
-        """
-        if isinstance(error, ValueError):
-            # Only a per-request stage can blame the request's input (400); out here the engine is at fault.
-            internal = RuntimeError(f"{type(error).__name__}: {error}")
-            internal.__cause__ = error
-            error = internal
-        suspects = list(self.scheduler.running) or list(self.scheduler.waiting)[:1]
-        client_ids = dict.fromkeys(
-            self._tracks[r.request_id].client_id for r in suspects if r.request_id in self._tracks
-        )
-        outputs: list[RequestOutput] = []
-        for client_id in client_ids:
-            outputs += self.fail_request(client_id, error, "step")
-        return self._drain_finished(outputs)
-
-    def _release_choices(self, parent_id: str) -> None:
-        """Forget the n > 1 choices still waiting on `parent_id`: they were never scheduled."""
-        for child in self._choices.release(parent_id):
-            self._tracks.pop(child.request_id, None)
-
-    def _append(
-        self,
-        req: Request,
-        track: SequenceState,
-        token: int,
-        now: float,
-        logprobs: TokenLogprobs | None = None,
-    ) -> RequestOutput:
-        self.counters.generation_tokens += 1
-        if track.first_token_at is None:
-            track.first_token_at = now
-        elif track.last_token_at is not None:
-            self._itl.append(now - track.last_token_at)
-        track.last_token_at = now
-        stop_token = track.stops.is_stop(token)
-        done = bool(self.scheduler.update_from_output([Sampled(req, token, stop_token)]))
-        outcome = track.stops.text_after(self.scheduler, req, stop_token, done)
-        done = outcome.finished
-        return RequestOutput(
-            request_id=track.client_id,
-            index=track.index,
-            new_token_ids=[token],
-            new_text=outcome.new_text,
-            finished=done,
-            finish_reason=req.finish_reason.value if done and req.finish_reason else None,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=len(req.output_token_ids),
-            num_cached_tokens=track.num_cached_tokens,
-            logprobs=None if outcome.stop_token else logprobs,
-        )
-
-    def _drain_finished(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        for req in self.scheduler.pop_finished():
-            track = self._tracks.pop(req.request_id, None)
-            if track is not None:
-                self._record_finished(req, track)
-        return outputs
-
-    def _record_finished(self, req: Request, track: SequenceState, reason: str | None = None) -> None:
-        if reason is None:
-            reason = req.finish_reason.value if req.finish_reason else FinishReason.ABORT.value
-        self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
-        now = time.monotonic()
-        started = track.scheduled_at if track.scheduled_at is not None else now
-        self._finished_stats.append(
-            FinishedStats(
-                finish_reason=reason,
-                queue_time=started - track.arrival,
-                time_to_first_token=None
-                if track.first_token_at is None
-                else track.first_token_at - track.arrival,
-                e2e_latency=now - track.arrival,
-                prompt_tokens=req.num_prompt_tokens,
-                generation_tokens=len(req.output_token_ids),
-                max_tokens=track.params.max_tokens,
-                num_preemptions=req.num_preemptions,
-            )
-        )
+        """A step raised outside the per-request guards: fail the requests it was running, not the queue."""
+        return self.output.fail_in_flight(error)
 
     # --- figures for metrics and logs ----------------------------------------------------------------
     def pop_finished_stats(self) -> tuple[list[FinishedStats], list[float]]:
         """Finished-request figures and inter-token latencies since the last call."""
-        stats, self._finished_stats = self._finished_stats, []
-        itl, self._itl = self._itl, []
-        return stats, itl
+        return self.output.pop_stats()
 
     @property
     def num_running(self) -> int:
@@ -540,7 +309,7 @@ class LLMEngine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.scheduler.waiting) + len(self._choices)
+        return len(self.scheduler.waiting) + self.scheduler.num_waiting_choices
 
     @property
     def kv_cache_usage(self) -> float:

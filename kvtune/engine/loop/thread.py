@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvtune.engine.loop.compute_threads import pin_current_thread
-from kvtune.engine.loop.llm_engine import EngineCounters, FinishedStats, LLMEngine, RequestOutput
+from kvtune.engine.loop.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
+from kvtune.engine.loop.llm_engine import LLMEngine
+from kvtune.engine.loop.output import EngineCounters, FinishedStats, RequestOutput
 from kvtune.engine.model.sampling import SamplingParams
 from kvtune.errors import KvtuneError
 
@@ -37,38 +39,6 @@ T = TypeVar("T")
 DEFAULT_WAITING_PER_SEQ = 4
 # --max-waiting-requests UNLIMITED_WAITING turns the bound off.
 UNLIMITED_WAITING = -1
-# Seconds a refused client is told to wait (Retry-After): about one batch's worth of tokens on a busy engine.
-RETRY_AFTER_SECONDS = 1
-
-
-class EngineOverloadedError(Exception):
-    """The waiting queue is full; the client should retry after `retry_after` seconds (HTTP 429)."""
-
-    def __init__(self, message: str, retry_after: int = RETRY_AFTER_SECONDS) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class EngineDeadError(Exception):
-    """The engine thread is not running, so nothing can be served (HTTP 503)."""
-
-
-class RequestFailedError(Exception):
-    """The engine failed while running this request; it was dropped and the engine kept serving.
-
-    `status` is 400 when the request's own input was at fault (a ValueError), else 500 (an internal fault):
-    never 503, which clients read as "overloaded, retry".
-    """
-
-    def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @classmethod
-    def of(cls, error: Exception) -> RequestFailedError:
-        if isinstance(error, ValueError):
-            return cls(f"the engine could not run this request: {error}", 400)
-        return cls(f"the engine failed while running this request: {error}", 500)
 
 
 @dataclass
