@@ -63,7 +63,7 @@ def test_by_default_no_sync_prunes_and_no_deletion_takes_a_crd(tmp_path: Path) -
 
 def test_the_generator_writes_the_annotation_on_kvtunes_crd() -> None:
     """The generated CRD carries it because crd_yaml.py writes it (the file is regenerated, never edited:
-    tests/operator/test_crd.py fails on drift)."""
+    tests/operator/k8s/test_crd.py fails on drift)."""
     assert crd_yaml.crd()["metadata"]["annotations"] == {SYNC_OPTIONS: "Prune=false,Delete=false"}
     assert shipped_crds()["kvtuningpolicies.kvtune.dev"]["metadata"]["annotations"] == {
         SYNC_OPTIONS: "Prune=false,Delete=false"

@@ -27,7 +27,7 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.pod_network import PodNetwork, links, namespaces, pod_network
 from tests.e2e.workloads import ADMIN_TOKEN, KV_CACHE_TOKENS, MAX_NUM_SEQS
-from tests.operator.test_pods_kmock import free_port
+from tests.operator.pods_world import free_port
 
 ENGINE_INDEXES = (2, 3, 4)  # the engines' addresses in the pods' /24 (test_rbac's pods take 5 and 6)
 ADMIN_SECRET = "tiny-kvtune-admin"  # the kvtune engines' admin token, which the acting release may read

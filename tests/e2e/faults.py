@@ -33,7 +33,7 @@ from kvtune.harness.local_http import free_port
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.e2e.cluster import Cluster, local_cluster, wait_for
 from tests.e2e.test_rbac import policy, workload
-from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
+from tests.operator.rbac_world import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
 
 FLAG = "--max-num-seqs"  # the old vLLM image's admission flag, the one the operator patches
 START = 64

@@ -16,7 +16,7 @@ import pytest
 from kvtune.harness.local_http import free_port
 from tests.e2e.cluster import Cluster, Operator, chart_operator, kwok_node, peers, wait_for, wait_until_peered
 from tests.e2e.test_rbac import install, policy, workload
-from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
+from tests.operator.rbac_world import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
 
 NAMESPACE = "peering"
 RELEASE = "kvtune-peer"

@@ -1,5 +1,5 @@
 """The chart's RBAC judged by the real authorizer. The operator runs as a process with a TokenRequest token
-for the chart's ServiceAccount, over every path of the recorded proof (tests/operator/test_rbac_proof.py):
+for the chart's ServiceAccount, over every path of the recorded proof (tests/operator/k8s/test_rbac_proof.py):
 a kvtune workload through its pods' EndpointSlices (the admin-token Secret read by name, status, Events),
 an old vLLM Deployment patched through `--max-num-seqs`, a vLLM 0.32 StatefulSet patched through
 `--max-num-active-seqs`, and kopf's watching, annotations and peering. Every path acts and nothing is
@@ -37,8 +37,8 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.pod_network import PodNetwork
 from tests.e2e.workloads import endpoint_slice, service
-from tests.operator.test_pods_kmock import PodEngine, free_port
-from tests.operator.test_rbac_proof import OLD_VLLM_IMAGE, STS_MAX_NUM_SEQS, VllmHandler, vllm_policy
+from tests.operator.pods_world import PodEngine, free_port
+from tests.operator.rbac_world import OLD_VLLM_IMAGE, STS_MAX_NUM_SEQS, VllmHandler, vllm_policy
 
 NAMESPACE = "rbac"
 RELEASE = "kvtune-rbac"
