@@ -49,7 +49,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING  # kopf's own handler Events: only problems
     # No cluster scanning: the namespaces are named exactly (`--namespace`) and the chart installs the CRDs
     # before the operator starts, so kopf needs neither to list namespaces nor to watch CRDs, and the chart's
-    # RBAC grants neither (tests/operator/test_rbac_proof.py proves it grants exactly the calls made).
+    # RBAC grants neither (tests/operator/k8s/test_rbac_proof.py proves it grants exactly the calls made).
     settings.scanning.disabled = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("kopf.objects").addFilter(QuietCacheHandlers())
