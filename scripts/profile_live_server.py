@@ -44,6 +44,7 @@ def serve_with_timers(out_path: Path, serve_argv: list[str]) -> int:
     import torch
 
     import kvtune.engine.loop.llm_engine as engine_module
+    import kvtune.engine.loop.output as output_module
     import kvtune.engine.model.model_runner as runner_module
     import kvtune.kernels.cpu_backend as cpu_backend
     from kvtune.cli import main
@@ -87,9 +88,12 @@ def serve_with_timers(out_path: Path, serve_argv: list[str]) -> int:
     runner._run_model = timed("forward", runner._run_model)  # type: ignore[method-assign]
     runner.sample = timed("sample", runner.sample)  # type: ignore[method-assign]
     engine_cls = engine_module.LLMEngine
-    engine_cls._append = timed("append", engine_cls._append)  # type: ignore[method-assign]
     scheduler_cls = engine_module.Scheduler
     scheduler_cls.schedule = timed("schedule", scheduler_cls.schedule)  # type: ignore[method-assign]
+    # a step's tokens: the scheduler appends them once a step, the output processor detokenizes and stops
+    scheduler_cls.update_from_output = timed("append", scheduler_cls.update_from_output)  # type: ignore[method-assign]
+    output_cls = output_module.OutputProcessor
+    output_cls.process = timed("append", output_cls.process)  # type: ignore[method-assign]
 
     original_chunks = engine_cls._chunks
 
