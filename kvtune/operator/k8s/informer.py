@@ -37,8 +37,6 @@ class ObjectCache:
         self._lock = threading.Lock()
         self._workloads: dict[tuple[str, str, str], tuple[Json, float]] = {}
         self._slices: dict[tuple[str, str], dict[str, tuple[Json, float]]] = {}
-        self.hits = 0
-        self.misses = 0
 
     def saw(self, kind: str, event_type: str | None, obj: Json) -> None:
         """One watch event: ADDED / MODIFIED / None (kopf's listing) keep the object, DELETED drops it."""
@@ -80,7 +78,6 @@ class ObjectCache:
         with self._lock:
             kept = self._workloads.get((kind, namespace, name))
             fresh = kept is not None and self.clock() - kept[1] < self.max_age
-            self.hits, self.misses = (self.hits + 1, self.misses) if fresh else (self.hits, self.misses + 1)
             return kept[0] if fresh and kept is not None else None
 
     def endpoint_slices(self, namespace: str, service: str) -> list[Json] | None:
@@ -90,7 +87,6 @@ class ObjectCache:
             kept = self._slices.get((namespace, service)) or {}
             now = self.clock()
             fresh = bool(kept) and all(now - at < self.max_age for _, at in kept.values())
-            self.hits, self.misses = (self.hits + 1, self.misses) if fresh else (self.hits, self.misses + 1)
             return [obj for obj, _ in kept.values()] if fresh else None
 
     def read_through_slices(self, namespace: str, service: str, slices: list[Json]) -> None:

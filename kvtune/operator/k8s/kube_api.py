@@ -117,7 +117,6 @@ class KubeApi:
         self._client = self._new_client()
         self.limiter = limiter or TokenBucket(0.0)  # no limit unless given one (the operator gives it)
         self.cache = cache  # the watches' view of workloads and EndpointSlices, where the operator keeps one
-        self.throttled_s = 0.0  # seconds callers waited on the limiter, all told
         self.observer = observer  # told of every request (the operator's own metrics count them)
 
     @staticmethod
@@ -152,10 +151,8 @@ class KubeApi:
         """Run one library call (made with `_preload_content=False`), once the rate limit allows, and decode
         its JSON body."""
         waited = self.limiter.take()
-        if waited > 0:
-            self.throttled_s += waited
-            if waited >= THROTTLE_LOG_S:
-                logger.warning("waited %.1f s for client-side rate limiting before %s", waited, what)
+        if waited >= THROTTLE_LOG_S:
+            logger.warning("waited %.1f s for client-side rate limiting before %s", waited, what)
         api_client = self._client
         code = 0
         try:
