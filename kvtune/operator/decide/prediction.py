@@ -22,6 +22,7 @@ class PredictionState:
     points: tuple[OperatingPoint, ...] = ()
     since: float | None = None  # where the forecast's own evidence starts (verified, or held from)
     planned_at: float | None = None  # when the forecast was planned (memory only: a restart plans again)
+    planned_for: int | None = None  # the max_num_seqs in force when a plan found nothing to forecast
 
     def plan_stands(self, now: float, window_s: float) -> bool:
         """Whether a plan nobody applied still stands: for `window_s`, stretched by up to half of it by its

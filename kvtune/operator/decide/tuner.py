@@ -460,6 +460,22 @@ def _standing_recommendation(
     return Decision(d, advice=(advice,) if new else (), note=note), state, True  # the ladder leaves it be
 
 
+def _no_forecast_stands(engine: EngineView, policy: TuningPolicy, state: TunerState, now: float) -> bool:
+    """A plan that found no value to forecast stands while the value in force is the one it was planned
+    at, for an evaluation window where the policy may act (measured stepping acts meanwhile) or a window
+    or a cooldown, whichever is longer, where it may only recommend: a fleet's preempting policies with
+    no candidate re-ran the what-if simulation at every tick, a third of a 100-policy operator's CPU."""
+    prediction = state.prediction
+    if prediction.forecast is not None or prediction.planned_for is None or state.pending is not None:
+        return False
+    if engine.max_num_seqs != prediction.planned_for:
+        return False
+    probe = Advice(Remedy.PREDICT_MAX_NUM_SEQS, True, engine.max_num_seqs, engine.max_num_seqs, "")
+    acts = _can_apply(probe, engine, policy)
+    stands_s = policy.evaluation_window_s if acts else max(policy.evaluation_window_s, policy.cooldown_s)
+    return prediction.plan_stands(now, stands_s)
+
+
 def _predictive(
     window: Window, d: Diagnosis, engine: EngineView, policy: TuningPolicy, state: TunerState, now: float
 ) -> tuple[Decision | None, TunerState, bool]:
@@ -485,6 +501,8 @@ def _predictive(
     standing = _standing_recommendation(d, engine, policy, state, now)
     if standing is not None:
         return standing
+    if _no_forecast_stands(engine, policy, state, now):
+        return None, state, False  # measured stepping meanwhile, as the plan said
     recent = window.since(state.last_action_at)
     limits = fit_limits(policy)
     fit = fit_from_window(recent, engine, state.prediction.points, limits)
@@ -503,11 +521,10 @@ def _predictive(
     points = state.prediction.with_point(fit.operating_point)
     if isinstance(result.outcome, NoForecast):
         verdict = f"no prediction, measured stepping meanwhile: {result.outcome.reason}"
-        return (
-            None,
-            replace(state, prediction=replace(state.prediction, verdict=verdict, points=points)),
-            False,
+        found_none = replace(
+            state.prediction, verdict=verdict, points=points, planned_at=now, planned_for=current
         )
+        return None, replace(state, prediction=found_none), False
     forecast = result.outcome
     planned = replace(state.prediction, forecast=forecast, points=points, planned_at=now)
     state = replace(state, prediction=planned)

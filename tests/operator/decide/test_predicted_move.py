@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
-from kvtune.core.predict import MISSES_BEFORE_STEPPING
+from kvtune.core.predict import MISSES_BEFORE_STEPPING, NoForecast
 from kvtune.operator.decide import tuner as tuner_module
 from kvtune.operator.decide.ladder import Remedy
 from kvtune.operator.decide.policy import Mode, TuningPolicy
@@ -144,3 +144,32 @@ def test_a_recommendation_nobody_applied_is_planned_once_a_window_not_every_tick
         decision, state = decide(Window.of(samples[: t + 1]), engine(64), policy, state, t)
     assert len(planned) >= 2
     assert decision.changes == ()
+
+
+def test_a_plan_that_finds_no_forecast_is_not_run_again_until_the_value_moves_or_a_window_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A preempting fleet whose plans keep no candidate re-ran the what-if simulation at every tick, a third
+    of a 100-policy operator's CPU (issue 38): the verdict stands while the value in force is the one it
+    was planned at, the ladder steps meanwhile, and a moved value plans again at once."""
+    planned: list[float] = []
+    real_plan = tuner_module.plan
+
+    def finds_nothing(*args: object, **kwargs: object) -> object:
+        planned.append(1.0)
+        return replace(real_plan(*args, **kwargs), outcome=NoForecast("no candidate kept"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tuner_module, "plan", finds_nothing)
+    policy = replace(POLICY, mode=Mode.RECOMMEND, evaluation_window_s=30)
+    samples = preempting(0, 80)
+    decision, state = decide(Window.of(samples[:6]), engine(64), policy, TunerState(), 5)
+    assert "no prediction, measured stepping meanwhile: no candidate kept" in (state.prediction.verdict or "")
+    for t in range(6, 35):
+        decision, state = decide(Window.of(samples[: t + 1]), engine(64), policy, state, t)
+        assert "no candidate kept" in (state.prediction.verdict or "") and decision.changes == ()
+    assert len(planned) == 1
+    _, state = decide(Window.of(samples[:36]), engine(48), policy, state, 35)
+    assert len(planned) == 2, "a value in force other than the one planned at is planned again"
+    for t in range(36, 81):
+        _, state = decide(Window.of(samples[: t + 1]), engine(48), policy, state, t)
+    assert len(planned) == 3, "and again once its window (stretched by up to half) has passed"
