@@ -73,6 +73,19 @@ class PoolState:
     pods: Mapping[str, PodMemory] = field(default_factory=dict)
     counters: Mapping[str, float] = field(default_factory=dict)
     histograms: Mapping[str, Histogram] = field(default_factory=dict)
+    histograms_at: float | None = None  # the last sample that carried histograms
+
+
+def histograms_due(state: PoolState, now: float, period_s: float, interval_s: float) -> bool:
+    """Whether this read should carry the pods' histograms: at the first, then once per `period_s`,
+    stretched by up to half of it by the last read's own time (so a fleet's policies, started together,
+    do not all read them at the same tick), to the nearest interval. Most of an engine's series are
+    histogram buckets, and the window reads them as deltas over many seconds; between two reads each pod
+    keeps its last ones."""
+    if state.histograms_at is None:
+        return True
+    spread = 1.0 + (int(state.histograms_at * 1000) % 500) / 1000
+    return now - state.histograms_at + interval_s / 2 >= period_s * spread
 
 
 @dataclass(frozen=True)
@@ -245,8 +258,11 @@ def pool(
         mark = PodMark(now, preempted, sample.gauges.get(m.KV_USAGE), sample.gauges.get(m.RUNNING),
                        sample.gauges.get(m.MAX_NUM_SEQS))  # fmt: skip
         kept = tuple(old for old in (before.marks if before else ()) if old.at >= now - horizon)
-        remembered = {**(before.counters if before and not was_restarted else {}), **sample.counters}
-        pods[name] = PodMemory(remembered, dict(sample.histograms), started, (*kept, mark))
+        # a series missing from this read (a histogram between two reads of them) keeps its last value
+        earlier = before if before is not None and not was_restarted else None
+        remembered = {**(earlier.counters if earlier else {}), **sample.counters}
+        remembered_histograms = {**(earlier.histograms if earlier else {}), **sample.histograms}
+        pods[name] = PodMemory(remembered, remembered_histograms, started, (*kept, mark))
     for name in present:
         if name not in pods and name in state.pods:
             pods[name] = state.pods[name]
@@ -257,7 +273,8 @@ def pool(
     running_all = sum(s.gauges.get(m.RUNNING, 0.0) for s in readings.values())
     gauges = {**pool_gauges(readings), m.POOLED_PODS: float(len(readings)), m.RUNNING_ALL_PODS: running_all}
     sample = Sample(now, gauges, counters, histograms, config, source, corrupt)
-    new_state = PoolState(now, pods, counters, histograms)
+    carried = any(s.histograms for s in readings.values())
+    new_state = PoolState(now, pods, counters, histograms, now if carried else state.histograms_at)
     return Pooled(sample, new_state, (*disagreements, *findings), tuple(restarted), tuple(new), gone)
 
 

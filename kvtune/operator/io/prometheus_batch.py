@@ -61,27 +61,44 @@ def selected(result: list[dict[str, Any]], matchers: list[Matcher]) -> list[dict
     return [item for item in result if all(m.matches(item.get("metric") or {}) for m in matchers)]
 
 
+NAME = "__name__"
+
+
 def split(result: list[dict[str, Any]], members: list[list[Matcher]]) -> list[list[dict[str, Any]]]:
-    """Each member's share of a union's answer, as `selected` gives it, in one pass: a member is tried only
-    on the series whose value of its first non-empty equality label is the one it asks for (a namespace, a
-    pod), so a batch of many policies costs about what each costs alone."""
+    """Each member's share of the union's answer, as `selected` gives it, in one pass. `result` is what
+    Prometheus answered to the `or` of the members' selectors, so every series in it already satisfies
+    the matchers all members share (a router's copies left out, the same names asked for): only the
+    others are tried, once per distinct combination of the labels they read (a pod's hundreds of series
+    share one), and a metric name once per matcher, so a batch costs about two lookups a series."""
     shares: list[list[dict[str, Any]]] = [[] for _ in members]
-    keyed: dict[tuple[str, str], list[int]] = {}
-    unkeyed: list[int] = []
-    for index, matchers in enumerate(members):
-        key = next(((m.name, m.value) for m in matchers if m.op == "=" and m.value), None)
-        if key is None:
-            unkeyed.append(index)
-        else:
-            keyed.setdefault(key, []).append(index)
-    labels_used = {name for name, _ in keyed}
+    shared = set(members[0]).intersection(*members[1:]) if members else set()
+    own = [[m for m in matchers if m not in shared and m.name != NAME] for matchers in members]
+    by_name = [[m for m in matchers if m not in shared and m.name == NAME] for matchers in members]
+    labels_read = sorted({m.name for matchers in own for m in matchers})
+    takers: dict[tuple[str, ...], list[int]] = {}
+    names_taken: dict[tuple[Matcher, str], bool] = {}
     for item in result:
         labels = item.get("metric") or {}
-        candidates = [i for name in labels_used for i in keyed.get((name, labels.get(name, "")), ())]
-        for index in (*candidates, *unkeyed):
-            if all(m.matches(labels) for m in members[index]):
+        key = tuple(labels.get(label, "") for label in labels_read)
+        found = takers.get(key)
+        if found is None:
+            values = dict(zip(labels_read, key, strict=True))
+            found = takers[key] = [
+                i for i, matchers in enumerate(own) if all(m.matches(values) for m in matchers)
+            ]
+        name = labels.get(NAME, "")
+        for index in found:
+            if all(_takes_name(m, name, names_taken) for m in by_name[index]):
                 shares[index].append(item)
     return shares
+
+
+def _takes_name(matcher: Matcher, name: str, known: dict[tuple[Matcher, str], bool]) -> bool:
+    """`matcher` on a metric name, remembered: a batch asks a few hundred names of thousands of series."""
+    taken = known.get((matcher, name))
+    if taken is None:
+        taken = known[(matcher, name)] = matcher.matches({NAME: name})
+    return taken
 
 
 @dataclass

@@ -21,6 +21,7 @@ from kvtune.contract.metrics import (
     ENGINE_MATCHERS,
     PROCESS_SERIES,
     PROCESS_START,
+    Kind,
     lookup,
     read_names,
 )
@@ -41,6 +42,12 @@ PROXY_START_SERIES = "process_start_time_seconds"
 # the names the sample reads, exactly (a regular expression of alternatives): a vLLM pod's 431 series
 # are 109 of them
 READ_NAMES = "|".join(re.escape(name).replace("\\:", ":") for name in read_names())
+# the same without the histograms' parts: most of a pod's series are buckets (a vLLM pod's 60 of 95)
+PLAIN_NAMES = "|".join(
+    re.escape(name).replace("\\:", ":")
+    for name in read_names()
+    if (found := lookup(name)) is None or found[0].kind is not Kind.HISTOGRAM
+)
 MAX_RANGE_POINTS = 240  # a range query's points per series: enough for rates, small enough to answer fast
 
 
@@ -163,19 +170,26 @@ class PrometheusSource:
     proxy_problem: str | None = None  # a proxy's series come through the same query: nothing apart to fail
 
     def __init__(self, url: str, selector: str, timeout: float = 10.0, clock: Clock = time.time,
-                 batcher: InstantBatcher | None = None) -> None:  # fmt: skip
+                 batcher: InstantBatcher | None = None, histograms: bool = True,
+                 known_pods: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.url = url.rstrip("/")
         self.selector = selector
         self.timeout = timeout
         self.clock = clock
         self.batcher = batcher  # the operator's: its instant queries share one with other policies'
+        # False: `read_pods` leaves the histograms out (the pooling keeps each pod's last ones), unless a
+        # pod not in `known_pods` answers, whose histograms are its baseline and are read at once
+        self.histograms = histograms
+        self.known_pods = known_pods
 
-    def query(self) -> str:
+    def query(self, histograms: bool = True) -> str:
         """Every engine series the selector matches, in any spelling (a relabelling prefix included), less a
-        router's copies of them (ENGINE_MATCHERS), unless the selector speaks of that label itself."""
+        router's copies of them (ENGINE_MATCHERS), unless the selector speaks of that label itself; without
+        the histograms' parts when `histograms` is False."""
         matchers = selector_matchers(self.selector)
         own = [m for m in ENGINE_MATCHERS if not re.search(rf"\b{m.split('=')[0]}\s*[=!]", matchers)]
-        return "{" + ",".join([f'__name__=~"{READ_NAMES}"', *own, *([matchers] if matchers else [])]) + "}"
+        names = READ_NAMES if histograms else PLAIN_NAMES
+        return "{" + ",".join([f'__name__=~"{names}"', *own, *([matchers] if matchers else [])]) + "}"
 
     @property
     def where(self) -> str:
@@ -197,10 +211,10 @@ class PrometheusSource:
         data = body.get("data")
         return data if isinstance(data, dict) else NoData(self.where, "unexpected answer: no data", now)
 
-    def _batched(self, now: float) -> dict[str, Any] | NoData:
+    def _batched(self, now: float, histograms: bool) -> dict[str, Any] | NoData:
         """The instant answer through the batcher (the series of this selector, out of a shared query)."""
         assert self.batcher is not None
-        query = self.query()
+        query = self.query(histograms)
         answer = self.batcher.instant(query, query[1:-1])
         return NoData(self.where, str(answer["error"]), now) if "error" in answer else answer
 
@@ -236,13 +250,14 @@ class PrometheusSource:
             return failures[-1]
         return NoData(self.where, f"no series match the selector in the last {seconds:g} s", now)
 
-    def instant(self) -> tuple[list[Series], float] | NoData:
-        """Every matching series now, and the newest timestamp among them; NoData when none match."""
+    def instant(self, histograms: bool = True) -> tuple[list[Series], float] | NoData:
+        """Every matching series now (the histograms' parts only if `histograms`), and the newest timestamp
+        among them; NoData when none match."""
         now = self.clock()
         data = (
-            self._batched(now)
+            self._batched(now, histograms)
             if self.batcher is not None
-            else self._get("/api/v1/query", {"query": self.query()}, now)
+            else self._get("/api/v1/query", {"query": self.query(histograms)}, now)
         )
         if isinstance(data, NoData):
             return data
@@ -268,10 +283,21 @@ class PrometheusSource:
         series, stamp = found
         return sample_from_series(series, stamp, self.where)
 
+    @staticmethod
+    def _pods_of(series: list[Series]) -> set[str]:
+        return {labels[POD_LABEL] for _, labels, _ in series if labels.get(POD_LABEL)}
+
     def read_pods(self) -> dict[str, SampleResult] | NoData:
         """One sample per value of the `pod` label (each pod its own series set, as `... by (pod)` keeps
-        them apart); series without the label are left out, and none carrying it is NoData."""
-        found = self.instant()
+        them apart); series without the label are left out, and none carrying it is NoData. Without
+        `histograms`, a pod not in `known_pods` among the answers has them all read again at once."""
+        found = self.instant(self.histograms)
+        if (
+            not self.histograms
+            and not isinstance(found, NoData)
+            and not self._pods_of(found[0]) <= self.known_pods
+        ):
+            found = self.instant(True)
         if isinstance(found, NoData):
             return found
         series, stamp = found

@@ -6,11 +6,12 @@ status. One value is decided for the whole workload; `reconcile.evaluate` wires 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
-from kvtune.operator.decide.pooling import PodEvidence, PoolState, evidence
+from kvtune.operator.decide.pooling import PodEvidence, PoolState, evidence, histograms_due
 from kvtune.operator.decide.ports import KnobReadings
 from kvtune.operator.decide.sample import NoData
 from kvtune.operator.io.actuators import (
@@ -54,6 +55,17 @@ class NoPods:
         return self.why
 
 
+HISTOGRAM_PERIOD_S = 60.0  # how often Prometheus is asked for the pods' histograms, at most
+
+
+def histogram_period_s(evaluation_window_s: float, interval_s: float) -> float:
+    """How often a policy reading Prometheus by pod asks for the histograms: once a minute or once a fifth
+    of its evaluation window, whichever is sooner (a 300 s vLLM window's deltas then move in steps of 60
+    to 90 s, `histograms_due`), and never more often than its interval. The reads between carry a quarter
+    of a pod's series or fewer."""
+    return max(interval_s, min(HISTOGRAM_PERIOD_S, evaluation_window_s / 5))
+
+
 def workload_source(
     spec: KVTuningPolicySpec, pods: list[Pod] | NoData | None, state: PoolState, horizon: float
 ) -> PooledSource:
@@ -61,8 +73,12 @@ def workload_source(
     per_pod: PodSource
     if by_pod(spec):
         assert spec.metrics is not None and spec.metrics.prometheus is not None
+        interval = float(spec.interval_seconds)
+        period = histogram_period_s(spec.resolved_timing().evaluation_window_s, interval)
         per_pod = PrometheusSource(spec.metrics.prometheus.url, spec.metrics.prometheus.selector,
-                                   batcher=BATCHERS.for_url(spec.metrics.prometheus.url))  # fmt: skip
+                                   batcher=BATCHERS.for_url(spec.metrics.prometheus.url),
+                                   histograms=histograms_due(state, time.time(), period, interval),
+                                   known_pods=frozenset(state.pods))  # fmt: skip
     elif isinstance(pods, NoData):
         per_pod = NoPods(pods)
     else:

@@ -4,13 +4,13 @@ compares them to; pods that disagree on their cache config are a finding; the wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtune.contract import metrics as m
-from kvtune.operator.decide.pooling import PoolState, evidence, pool, worst_pod_line
+from kvtune.operator.decide.pooling import PoolState, evidence, histograms_due, pool, worst_pod_line
 from kvtune.operator.decide.sample import Histogram, Sample
 from kvtune.operator.decide.window import Window
 
@@ -84,6 +84,65 @@ def test_pooled_counters_never_fall_and_grow_by_the_pods_real_work(run: list[lis
     assert window.restarts() == 0  # pods coming, going, restarting: never a workload restart
     grown = window.increase(m.PREEMPTIONS)
     assert grown is None or grown >= 0
+
+
+def without_histograms(sample: Sample) -> Sample:
+    return replace(sample, histograms={})
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs, st.lists(st.booleans(), min_size=8, max_size=8))
+def test_histograms_read_only_at_some_ticks_are_never_counted_twice(
+    run: list[list[Fate]], carried: list[bool]
+) -> None:
+    """Between two reads that carry histograms (issue 38: most of a pod's series are buckets) each pod keeps
+    its last ones: the pooled histogram never falls, and grows at the next read by the pods' real work
+    since the last one, all of it when no pod restarted or went in between (their work on the ticks
+    between is not seen: a restart zeroes what was not read). A new pod is read whole at once, as the
+    Prometheus source does."""
+    state = PoolState()
+    alive: dict[str, SimulatedPod] = {}
+    read_at: Histogram | None = None
+    work_since, whole = 0, True
+    for tick, pods in enumerate(run):
+        now = 10.0 * (tick + 1)
+        for index, (present, work, restarted) in enumerate(pods):
+            name = f"pod-{index}"
+            if not present:
+                whole = whole and name not in alive
+                alive.pop(name, None)
+                continue
+            pod = alive.get(name)
+            if pod is None or restarted:
+                whole = whole and pod is None
+                alive[name] = pod = SimulatedPod(0, now - 1.0)
+            pod.value += work
+            work_since += work
+        readings = {name: pod_sample(now, pod.value, pod.started) for name, pod in alive.items()}
+        full = tick == 0 or carried[tick] or not set(readings) <= set(state.pods)
+        if not full:
+            readings = {name: without_histograms(sample) for name, sample in readings.items()}
+        result = pool(state, readings, set(readings), now, HORIZON)
+        histogram = result.sample.histograms.get(m.REQUEST_GENERATION_TOKENS)
+        assert (result.state.histograms_at == now) == (full and bool(readings))
+        if full and histogram is not None:
+            if read_at is not None:
+                grown = histogram.count - read_at.count
+                assert grown == work_since if whole else 0 <= grown <= work_since
+            read_at, work_since, whole = histogram, 0, True
+        elif not full:
+            assert histogram == (state.histograms.get(m.REQUEST_GENERATION_TOKENS))
+        state = result.state
+
+
+def test_histograms_are_due_at_the_first_read_then_once_a_period_spread_by_up_to_half() -> None:
+    assert histograms_due(PoolState(), 0.0, 60.0, 15.0)
+    for at in (1000.0, 1000.25, 1000.499, 1000.75):
+        state = PoolState(at=at, histograms_at=at)
+        spread = 60.0 * (1.0 + (int(at * 1000) % 500) / 1000)
+        assert 60.0 <= spread < 90.0
+        assert not histograms_due(state, at + spread - 7.6, 60.0, 15.0)
+        assert histograms_due(state, at + spread - 7.5, 60.0, 15.0)  # to the nearest interval
 
 
 def test_a_pod_first_seen_later_brings_its_whole_counter_and_a_gone_pod_is_dropped() -> None:

@@ -133,18 +133,22 @@ def test_on_prometheus_3_the_batched_answers_equal_each_query_alone(
 @given(
     series=st.lists(
         st.fixed_dictionaries({"namespace": st.sampled_from(["a", "b", "c"]), "pod": st.sampled_from(["p1", "p2", "q1"]),
-                               "server": st.sampled_from(["", "", "r"])}),
+                               "server": st.sampled_from(["", "", "r"]),
+                               "__name__": st.sampled_from(["up", "kv", "ttft_bucket"])}),
         max_size=30,
     ),
     members=st.lists(
         st.sampled_from(['namespace="a"', 'namespace="b",pod=~"p.*"', 'pod!="p1"', 'namespace=~"a|c",server=""',
-                         'namespace="c",pod="q1",server=""', 'server=""']),
+                         'namespace="c",pod="q1",server=""', 'server=""', '__name__=~"kv|ttft_bucket",namespace="a"',
+                         '__name__=~"kv",namespace="a"', '__name__!="up",pod=~"p.*"']),
         min_size=1, max_size=6,
     ),
 )  # fmt: skip
-def test_the_one_pass_split_gives_each_member_what_it_selects(
+def test_the_one_pass_split_of_the_unions_answer_gives_each_member_what_it_selects(
     series: list[dict[str, str]], members: list[str]
 ) -> None:
-    result = [{"metric": {k: v for k, v in labels.items() if v}} for labels in series]
     parsed = [parse_matchers(member) for member in members]
+    everything = [{"metric": {k: v for k, v in labels.items() if v}} for labels in series]
+    union = [item for item in everything if any(selected([item], matchers) for matchers in parsed)]
+    result = union  # what Prometheus answers to the `or` of the members' selectors
     assert split(result, parsed) == [selected(result, matchers) for matchers in parsed]
