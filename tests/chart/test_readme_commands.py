@@ -14,10 +14,10 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from tests.chart.crd_schemas import chart_crds, closed
 from tests.chart.helm import require_helm
 from tests.chart.readme_blocks import BLOCKS, readme_block
 from tests.chart.release_build import artifact, built_release, digest, version
-from tests.chart.test_render_matrix import chart_crds, closed
 
 REGISTRY = "registry.example.com/platform"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvtune.demo.engine import last_line
 from kvtune.harness.local_http import free_port
-from tests.demo.test_demo_quick import _alive, _port_open
+from tests.demo.leftovers import alive, port_open
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -78,7 +78,7 @@ def test_ctrl_c_stops_every_child_and_frees_the_port(tmp_path: Path) -> None:
     try:
         _read_until(process, "the load is on", 120)  # the engine booted and the clients are sending
         pids = [int(p) for p in (tmp_path / "children.txt").read_text().split()]
-        assert len(pids) == 1 and _alive(pids[0]) and _port_open(port)
+        assert len(pids) == 1 and alive(pids[0]) and port_open(port)
         process.send_signal(signal.SIGINT)
         try:
             code = process.wait(STOP_WITHIN_S)
@@ -103,5 +103,5 @@ def test_ctrl_c_stops_every_child_and_frees_the_port(tmp_path: Path) -> None:
         for pid in left:  # a failed stop must not leave an engine running under the tests that follow
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-    assert not [pid for pid in pids if _alive(pid)]
-    assert not _port_open(port)
+    assert not [pid for pid in pids if alive(pid)]
+    assert not port_open(port)

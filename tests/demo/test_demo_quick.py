@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,25 +12,13 @@ from typing import Any
 
 from kvtune.demo.run import QUICK
 from kvtune.demo.timeline import RUNGS
+from tests.demo.leftovers import alive, port_open
 
 DEMO_TIMEOUT_S = 540  # catches a hang only: about 2.5 min on 2 busy cores
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def first_seen_at(summary: dict[str, Any], rung: str) -> float:
     return min(a["time"] for a in summary["actions"] if a["rung"] == rung)
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_demo_quick_walks_the_ladder_and_leaves_nothing(tmp_path: Path) -> None:
@@ -63,5 +50,5 @@ def test_demo_quick_walks_the_ladder_and_leaves_nothing(tmp_path: Path) -> None:
     timeline = json.loads((out / "timeline.json").read_text())
     pids = [int(p) for p in (out / "children.txt").read_text().split()]
     assert pids == timeline["meta"]["engine_pids"] and len(pids) == 2  # the first engine and the fp8 one
-    assert not [pid for pid in pids if _alive(pid)]
-    assert not _port_open(timeline["meta"]["port"])
+    assert not [pid for pid in pids if alive(pid)]
+    assert not port_open(timeline["meta"]["port"])

@@ -27,7 +27,7 @@ import yaml
 from kvtune.operator.decide.policy import default_timing
 from kvtune.operator.decide.status import ConditionType
 from kvtune.operator.k8s import crd_yaml
-from tests.observability.test_runbooks import event_reasons_in_code
+from tests.observability.event_reasons import event_reasons_in_code
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "running-apply-safely.md"

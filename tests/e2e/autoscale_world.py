@@ -30,7 +30,7 @@ from kvtune.harness.load import stream_completion
 from tests.e2e.cluster import Cluster, kwok_node
 from tests.e2e.pod_engines import PodEngines
 from tests.e2e.pod_network import PodNetwork
-from tests.e2e.test_pod_engines import kvtune_deployment
+from tests.e2e.scaled_deployment import kvtune_deployment
 from tests.e2e.workloads import ADMIN_TOKEN, endpoint_slice, pods_policy, service
 
 QUEUE_BUCKET = re.compile(r'^vllm:request_queue_time_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)$', re.M)

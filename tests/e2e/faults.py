@@ -31,8 +31,8 @@ from kubernetes import client
 
 from kvtune.harness.local_http import free_port
 from kvtune.operator.k8s.workload_actuator import read_flag
+from tests.e2e.chart_release import policy, workload
 from tests.e2e.cluster import Cluster, local_cluster, wait_for
-from tests.e2e.test_rbac import policy, workload
 from tests.operator.rbac_world import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
 
 FLAG = "--max-num-seqs"  # the old vLLM image's admission flag, the one the operator patches

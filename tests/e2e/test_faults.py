@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from kvtune.harness.local_http import free_port
+from tests.e2e.chart_release import install
 from tests.e2e.cluster import (
     CHART,
     Cluster,
@@ -58,7 +59,6 @@ from tests.e2e.faults import (
     watch_expired,
 )
 from tests.e2e.pod_network import PodNetwork, ip
-from tests.e2e.test_rbac import install
 
 NAMESPACE = "faults"
 RELEASE = "kvtune-faults"

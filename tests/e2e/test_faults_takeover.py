@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvtune.harness.local_http import free_port
+from tests.e2e.chart_release import install
 from tests.e2e.cluster import (
     Cluster,
     Operator,
@@ -38,8 +39,7 @@ from tests.e2e.faults import (
     patch_catcher,
     replayed_engine,
 )
-from tests.e2e.test_peering import resumed
-from tests.e2e.test_rbac import install
+from tests.e2e.replica_peering import resumed
 
 NAMESPACE = "takeover"
 RELEASE = "kvtune-takeover"

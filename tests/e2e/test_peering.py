@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from kvtune.harness.local_http import free_port
+from tests.e2e.chart_release import install, policy, workload
 from tests.e2e.cluster import Cluster, Operator, chart_operator, kwok_node, peers, wait_for, wait_until_peered
-from tests.e2e.test_rbac import install, policy, workload
+from tests.e2e.replica_peering import resumed
 from tests.operator.rbac_world import OLD_VLLM_IMAGE, VllmHandler, vllm_policy
 
 NAMESPACE = "peering"
@@ -41,12 +42,6 @@ def evaluated(replica: Operator) -> bool:
     except httpx.HTTPError:
         return False
     return bool(re.search(r'kvtune_operator_last_evaluation_timestamp_seconds\{[^}]*policy="peer"', text))
-
-
-def resumed(replica: Operator) -> bool:
-    """Whether kopf's peering last resumed this replica (its log: kopf says so only on a change)."""
-    log = replica.output()
-    return log.rfind("Resuming operations after the pause") > log.rfind("Pausing operations in favour of")
 
 
 def test_two_replicas_exactly_one_acts(cluster: Cluster, engine: str, tmp_path: Path) -> None:

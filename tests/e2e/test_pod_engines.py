@@ -17,24 +17,10 @@ from kvtune.harness.server import ServerProcess
 from tests.e2e.cluster import Cluster, kwok_node, wait_for
 from tests.e2e.pod_engines import PodEngines
 from tests.e2e.pod_network import PodNetwork
-from tests.e2e.workloads import ADMIN_TOKEN, KV_CACHE_TOKENS, MAX_NUM_SEQS, POOL_LABEL
+from tests.e2e.scaled_deployment import NAME, NAMESPACE, POOL, PORT, kvtune_deployment
+from tests.e2e.workloads import ADMIN_TOKEN, KV_CACHE_TOKENS, MAX_NUM_SEQS
 
-NAME, NAMESPACE, POOL = "scaled-kvtune", "pod-engines", "pod-engines"
 BROKEN = "broken-kvtune"  # a second Deployment, whose pods' engines cannot start
-PORT = 8000  # the container's port: every pod's engine listens on it, at the pod's own address
-
-
-def kvtune_deployment(replicas: int, name: str = NAME) -> dict[str, object]:
-    """The kvtune engine's Deployment shape (test_kvtune_deployment's), its pods on this module's kwok node."""
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": {
-            "metadata": {"labels": {"app": name}},
-            "spec": {"nodeSelector": {POOL_LABEL: POOL}, "containers": [{
-                "name": "engine", "image": "ghcr.io/kvtune/kvtune-engine:0.1.0",
-                "args": ["serve", "--tiny", "--port", str(PORT), "--admin-token-file", "/var/run/kvtune/admin/token"],
-                "ports": [{"name": "http", "containerPort": PORT}]}]}}},
-    }  # fmt: skip
 
 
 def scale(cluster: Cluster, replicas: int) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from kvtune.operator.k8s.workload_actuator import read_flag
+from tests.e2e.chart_release import install, policy, workload
 from tests.e2e.cluster import (
     CHART,
-    REGISTRY,
     Cluster,
     Operator,
     chart_operator,
@@ -72,45 +72,11 @@ WORKLOADS = ("deployments.apps", "statefulsets.apps", "daemonsets.apps", "replic
 WRITES = ("create", "update", "patch", "delete")
 
 
-def install(
-    cluster: Cluster, release: str, namespace: str, secrets: tuple[str, ...] = (), max_mode: str = "Apply"
-) -> None:
-    """A release watching `namespace`, with the README's image repository; allowed to act (maxMode=Apply, as
-    the README's "Letting it act" says) unless `max_mode` says otherwise."""
-    cluster.namespace(namespace)
-    cluster.helm("install", release, str(CHART), "--namespace", f"{release}-system", "--create-namespace",
-                 "--set", f"image.repository={REGISTRY}/kvtune-operator", "--set", f"maxMode={max_mode}",
-                 "--set-json", f"watchNamespaces={json.dumps([namespace])}",
-                 "--set-json", f"adminTokenSecrets={json.dumps(list(secrets))}")  # fmt: skip
-
-
 def start_operator(cluster: Cluster, release: str, namespace: str, folder: Path) -> Operator:
     """The release's pod's operator, as a process with its ServiceAccount's token."""
     running = chart_operator(cluster, release, f"{release}-system", folder / "operator.log").start()
     wait_until_peered(cluster, running, namespace, running.peering)
     return running
-
-
-def workload(kind: str, name: str, namespace: str, image: str, args: list[str]) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "replicas": 1, "selector": {"matchLabels": {"app": name}},
-        "template": {"metadata": {"labels": {"app": name}}, "spec": {
-            "nodeSelector": {"kvtune-e2e/pool": "rbac"},
-            "containers": [{"name": "vllm", "image": image, "args": args}]}},
-    }  # fmt: skip
-    if kind == "StatefulSet":
-        spec["serviceName"] = name
-    return {
-        "apiVersion": "apps/v1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
-def policy(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "kvtune.dev/v1alpha1", "kind": "KVTuningPolicy",
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
 
 
 def applied(cluster: Cluster, namespace: str, name: str) -> list[str]:

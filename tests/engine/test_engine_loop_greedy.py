@@ -20,32 +20,19 @@ from engine_loop_driver import (
     random_prompt,
     run_until_idle,
 )
+from greedy_workload import NEW_TOKENS, SMALL_POOL_TOKENS, WORKLOAD, workload_params
 
 from kvtune.core.scheduler import SchedulerStep
 
 HF_PROMPTS = ["Hello", "The capital of France is", "1 2 3 4 5", "Once upon a time, in a land far away,"]
 HF_NEW_TOKENS = 24
-NEW_TOKENS = 48
-SMALL_POOL_TOKENS = 40 * BLOCK_SIZE  # eight requests of up to 12 blocks each cannot all be resident
-
-
-def _workload() -> dict[str, list[int]]:
-    rng = random.Random(4)
-    return {f"r{i}": random_prompt(rng, rng.randrange(40, 140)) for i in range(8)}
-
-
-WORKLOAD = _workload()
-
-
-def _params(_: str) -> Any:
-    return greedy(NEW_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def baseline(tiny_dir: Path) -> dict[str, list[int]]:
     """Greedy tokens of the workload on a roomy pool: no preemption, whole prompts in one step."""
     engine = make_engine(tiny_dir)
-    done = generate(engine, WORKLOAD, _params)
+    done = generate(engine, WORKLOAD, workload_params)
     assert engine.counters.num_preemptions == 0
     assert_idle_and_all_free(engine)
     return {rid: done.tokens(rid) for rid in WORKLOAD}
@@ -78,7 +65,7 @@ def test_preempted_and_recomputed_requests_generate_the_same_tokens(
     tiny_dir: Path, baseline: dict[str, list[int]]
 ) -> None:
     engine = make_engine(tiny_dir, kv_cache_tokens=SMALL_POOL_TOKENS)
-    done = generate(engine, WORKLOAD, _params)
+    done = generate(engine, WORKLOAD, workload_params)
     assert engine.counters.num_preemptions > 0
     _assert_same_tokens(done, baseline)
     # Cached tokens are the prompt's hit at first admission (as vLLM reports them), not the recompute's
@@ -92,7 +79,7 @@ def test_preemption_without_prefix_caching_recomputes_the_same_tokens(
     tiny_dir: Path, baseline: dict[str, list[int]]
 ) -> None:
     engine = make_engine(tiny_dir, kv_cache_tokens=SMALL_POOL_TOKENS, enable_prefix_caching=False)
-    done = generate(engine, WORKLOAD, _params)
+    done = generate(engine, WORKLOAD, workload_params)
     assert engine.counters.num_preemptions > 0
     _assert_same_tokens(done, baseline)
     assert_idle_and_all_free(engine)
@@ -104,7 +91,7 @@ def test_every_allocator_generates_the_same_tokens(
 ) -> None:
     # 64 blocks: the contiguous policies (power-of-two reservations of 16 blocks) hold four at a time.
     engine = make_engine(tiny_dir, kv_cache_tokens=64 * BLOCK_SIZE, allocator=allocator)
-    done = generate(engine, WORKLOAD, _params)
+    done = generate(engine, WORKLOAD, workload_params)
     _assert_same_tokens(done, baseline)
     assert_idle_and_all_free(engine)
 
@@ -122,7 +109,7 @@ def test_chunked_prefill_generates_the_same_tokens(
         return steps[-1]
 
     monkeypatch.setattr(engine.scheduler, "schedule", recording_schedule)
-    done = generate(engine, WORKLOAD, _params)
+    done = generate(engine, WORKLOAD, workload_params)
     assert max(step.total_tokens for step in steps) <= budget
     partial = [n for step in steps for n in step.num_tokens if 1 < n < budget]
     assert partial, "no prompt was split across steps"
@@ -134,7 +121,7 @@ def test_chunked_prefill_on_a_preempting_pool_generates_the_same_tokens(
     tiny_dir: Path, baseline: dict[str, list[int]]
 ) -> None:
     engine = make_engine(tiny_dir, kv_cache_tokens=SMALL_POOL_TOKENS, max_num_batched_tokens=40)
-    done = generate(engine, WORKLOAD, _params)
+    done = generate(engine, WORKLOAD, workload_params)
     assert engine.counters.num_preemptions > 0
     _assert_same_tokens(done, baseline)
     assert_idle_and_all_free(engine)
@@ -163,7 +150,7 @@ def test_a_prefix_served_from_the_cache_generates_the_same_tokens(
     else:
         assert all(done[rid].num_cached_tokens == 0 for rid in ("first", "second", "again"))
         assert engine.counters.prefix_cache_hits == 0
-    alone = generate(make_engine(tiny_dir, enable_prefix_caching=False), {"second": second}, _params)
+    alone = generate(make_engine(tiny_dir, enable_prefix_caching=False), {"second": second}, workload_params)
     assert done.tokens("second") == alone.tokens("second")
     assert done.tokens("again") == done.tokens("first")
     assert_idle_and_all_free(engine)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from engine_loop_driver import generate, make_engine
-from test_engine_loop_greedy import SMALL_POOL_TOKENS, WORKLOAD, _params
+from greedy_workload import SMALL_POOL_TOKENS, WORKLOAD, workload_params
 from torch import nn
 
 from kvtune.engine.model import model_runner
@@ -74,8 +74,8 @@ def test_the_engine_packs_only_where_the_cpu_has_native_bf16(
 def test_bf16_greedy_through_packed_layers_under_preemption_equals_a_roomy_pool(tiny_dir: Path) -> None:
     roomy = make_engine(tiny_dir, dtype="bfloat16")
     assert roomy.runner.packed_linears == 17
-    expected = generate(roomy, WORKLOAD, _params)
+    expected = generate(roomy, WORKLOAD, workload_params)
     tight = make_engine(tiny_dir, dtype="bfloat16", kv_cache_tokens=SMALL_POOL_TOKENS)
-    done = generate(tight, WORKLOAD, _params)
+    done = generate(tight, WORKLOAD, workload_params)
     assert tight.counters.num_preemptions > 0
     assert {rid: done.tokens(rid) for rid in WORKLOAD} == {rid: expected.tokens(rid) for rid in WORKLOAD}

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from engine_loop_driver import generate, make_engine
 from engine_runner import PagedRunner, PagedSequence
-from test_engine_loop_greedy import SMALL_POOL_TOKENS, WORKLOAD, _params
+from greedy_workload import SMALL_POOL_TOKENS, WORKLOAD, workload_params
 from torch import nn
 
 from kvtune.engine.model import model_runner
@@ -95,9 +95,9 @@ def test_bf16_greedy_under_preemption_equals_a_roomy_pool(tiny_dir: Path) -> Non
     """Issue 17: greedy output is identical under preemption, in bfloat16 through the widened layers too."""
     roomy = make_engine(tiny_dir, dtype="bfloat16")
     assert roomy.runner.widened_linears == 17 or not widening_pays("cpu", torch.bfloat16, cpu_flags())
-    expected = generate(roomy, WORKLOAD, _params)
+    expected = generate(roomy, WORKLOAD, workload_params)
     assert roomy.counters.num_preemptions == 0
     tight = make_engine(tiny_dir, dtype="bfloat16", kv_cache_tokens=SMALL_POOL_TOKENS)
-    done = generate(tight, WORKLOAD, _params)
+    done = generate(tight, WORKLOAD, workload_params)
     assert tight.counters.num_preemptions > 0
     assert {rid: done.tokens(rid) for rid in WORKLOAD} == {rid: expected.tokens(rid) for rid in WORKLOAD}

@@ -10,15 +10,20 @@ import itertools
 
 import pytest
 import torch
-from paged_inputs import PagedCase, build_case, skip_unavailable, tolerance
+from attention_cases import (
+    BLOCK_SIZES,
+    CPU_DEFAULT,
+    DTYPES,
+    HEAD_DIMS,
+    HEADS,
+    decode_lengths,
+    expected_decode,
+)
+from paged_inputs import build_case, skip_unavailable, tolerance
 
 from kvtune.kernels import FP8_DTYPE, paged_decode_attention, paged_prefill_attention
 from kvtune.kernels import reference as oracle
 
-BLOCK_SIZES = [16, 32, 64, 128, 256]
-HEADS = [(4, 4), (8, 4), (8, 2), (16, 2)]  # GQA ratios 1, 2, 4, 8
-HEAD_DIMS = [32, 64, 128]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BACKENDS = ["cpu", "triton"]
 
 # One row per block size, so that every block size, GQA ratio, head_dim and dtype is covered (fp8 too).
@@ -28,11 +33,6 @@ REPRESENTATIVE = [
     (64, (8, 2), 128, torch.bfloat16, None),
     (128, (16, 2), 32, torch.bfloat16, FP8_DTYPE),
     (256, (8, 2), 64, torch.float32, FP8_DTYPE),
-]
-# Every block size x GQA ratio x head_dim for the cpu backend, dtypes and FP8 rotating through them.
-CPU_DEFAULT = [
-    (*shape, DTYPES[i % len(DTYPES)], FP8_DTYPE if i % 2 else None)
-    for i, shape in enumerate(itertools.product(BLOCK_SIZES, HEADS, HEAD_DIMS))
 ]
 
 
@@ -49,28 +49,10 @@ GRID = [
 GRID_IDS = "backend,block_size,heads,head_dim,dtype,cache_dtype"
 
 
-def _decode_lengths(block_size: int) -> list[int]:
-    """1 token, a non-multiple, an exact multiple and a multi-block non-multiple of the block size."""
-    return [1, block_size // 2 + 3, 2 * block_size, 3 * block_size + 5]
-
-
-def _expected_decode(case: PagedCase) -> torch.Tensor:
-    return oracle.decode(
-        case.q.double(),
-        case.kv_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.scale,
-        case.k_scale,
-        case.v_scale,
-        None,
-    )
-
-
 @pytest.mark.parametrize(GRID_IDS, GRID)
 def test_decode_matches_float64_reference(backend, block_size, heads, head_dim, dtype, cache_dtype):
     skip_unavailable(backend)
-    lengths = _decode_lengths(block_size)
+    lengths = decode_lengths(block_size)
     case = build_case(
         lengths, [1] * len(lengths), *heads, head_dim, block_size, dtype, cache_dtype, seed=block_size
     )
@@ -85,7 +67,7 @@ def test_decode_matches_float64_reference(backend, block_size, heads, head_dim, 
         backend=backend,
     )
     assert got.dtype == dtype and got.shape == case.q.shape
-    torch.testing.assert_close(got.double(), _expected_decode(case), **tolerance(dtype))
+    torch.testing.assert_close(got.double(), expected_decode(case), **tolerance(dtype))
 
 
 @pytest.mark.parametrize(GRID_IDS, GRID)
@@ -112,7 +94,7 @@ def test_split_k_decode_is_exact(backend, num_splits):
     whole = paged_decode_attention(*args, backend=backend, num_splits=1)
     split = paged_decode_attention(*args, backend=backend, num_splits=num_splits)
     torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(split.double(), _expected_decode(case), **tolerance(torch.float32))
+    torch.testing.assert_close(split.double(), expected_decode(case), **tolerance(torch.float32))
 
 
 @pytest.mark.parametrize("backend", ["reference", *BACKENDS])
@@ -150,7 +132,7 @@ def test_fp8_cache_stays_within_vllm_fp8_tolerance_of_unquantised(backend):
         v_scale=fp8.v_scale,
         backend=backend,
     )
-    torch.testing.assert_close(got.double(), _expected_decode(exact), atol=1.5e-1, rtol=1.5e-1)
+    torch.testing.assert_close(got.double(), expected_decode(exact), atol=1.5e-1, rtol=1.5e-1)
 
 
 def test_sequences_longer_than_table_are_rejected():
@@ -173,7 +155,7 @@ def test_cpu_fp8_decode_rounds_queries_to_bf16_only_when_they_were_bf16(query_dt
         case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
         k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
     )  # fmt: skip
-    torch.testing.assert_close(got.double(), _expected_decode(case), **tolerance(query_dtype))
+    torch.testing.assert_close(got.double(), expected_decode(case), **tolerance(query_dtype))
 
 
 @pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16])

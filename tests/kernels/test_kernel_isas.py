@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_cases import CPU_DEFAULT, decode_lengths, expected_decode
 from paged_inputs import build_case, skip_unavailable, tolerance
-from test_kernel_attention import CPU_DEFAULT, _decode_lengths, _expected_decode
 
 from kvtune.errors import KvtuneError
 from kvtune.kernels import paged_decode_attention, paged_prefill_attention
@@ -39,7 +39,7 @@ def use_isa(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 def test_narrower_builds_decode_and_prefill_match_float64_reference(use_isa, isa, combo) -> None:
     use_isa(isa)
     block_size, heads, head_dim, dtype, cache_dtype = combo
-    lengths = _decode_lengths(block_size)
+    lengths = decode_lengths(block_size)
     case = build_case(
         lengths, [1] * len(lengths), *heads, head_dim, block_size, dtype, cache_dtype, seed=block_size
     )
@@ -47,7 +47,7 @@ def test_narrower_builds_decode_and_prefill_match_float64_reference(use_isa, isa
         case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
         k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
     )  # fmt: skip
-    torch.testing.assert_close(got.double(), _expected_decode(case), **tolerance(dtype))
+    torch.testing.assert_close(got.double(), expected_decode(case), **tolerance(dtype))
     pairs = [(19, 19), (5, block_size + 7), (1, 40), (33, 2 * block_size + 1)]
     case = build_case(
         [s for _, s in pairs], [q for q, _ in pairs], *heads, head_dim, block_size, dtype, cache_dtype, seed=7

@@ -12,6 +12,7 @@ import yaml
 
 from kvtune import __version__
 from kvtune.observability import command, rules
+from tests.observability.event_reasons import event_reasons_in_code
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks"
@@ -53,22 +54,6 @@ def test_no_page_is_left_without_its_alert_and_the_index_lists_each_with_its_sev
     index = (RUNBOOKS / "README.md").read_text()
     for alert, severity in alerts.items():
         assert f"| `{alert}` | {severity} |" in index, alert
-
-
-def event_reasons_in_code() -> set[tuple[str, str]]:
-    """(reason, type) of every Event the operator's code posts: EventSpec("Type", "Reason", ...) and the
-    history kinds' reasons (EVENT_REASONS)."""
-    found: set[tuple[str, str]] = set()
-    for path in (ROOT / "kvtune" / "operator").rglob("*.py"):  # every room
-        text = path.read_text()
-        found |= {
-            (reason, kind)
-            for kind, reason in re.findall(r'EventSpec\(\s*"(Normal|Warning)",\s*"(\w+)"', text)
-        }
-        found |= {
-            (reason, kind) for kind, reason in re.findall(r'"\w+": \("(Normal|Warning)", "(\w+)"\)', text)
-        }
-    return found
 
 
 def test_the_event_reasons_table_is_the_set_the_code_posts() -> None:

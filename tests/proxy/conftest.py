@@ -36,14 +36,13 @@ def upstream(tiny_dir: Path) -> Iterator[LiveServer]:
 def proxy(
     upstream: LiveServer, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveProxy]:
-    """The proxy in front of it: an admin token, no cap until a test sets one, tenants keyed by a header,
-    a 64 KiB body limit (so the 413 is cheap to provoke)."""
+    """The proxy in front of it: an admin token, no cap until a test sets one, tenants keyed by a header."""
     token_file = tmp_path_factory.mktemp("proxy-admin") / "token"
     token_file.write_text(ADMIN_TOKEN + "\n")
     token_file.chmod(0o600)
     live = start_proxy(
         upstream.url, tiny_dir, "--block-size", "16", "--admin-token-file", str(token_file),
-        "--prefix-key-header", TENANT_HEADER, "--max-request-body-bytes", "65536",
+        "--prefix-key-header", TENANT_HEADER,
     )  # fmt: skip
     yield live
     live.stop()

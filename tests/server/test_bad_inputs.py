@@ -1,4 +1,5 @@
-"""Whatever a client sends, it gets an OpenAI-style JSON error with a 4xx status, and the server serves on."""
+"""Whatever a client sends, it gets an OpenAI-style JSON error with a 4xx status, and the server serves on.
+Bodies refused at the door both fronts share (malformed JSON, bad UTF-8, size) are tested in tests/front."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.front.refusals import assert_openai_error
 from tests.server.live_server import LiveServer
 
 BAD_COMPLETIONS: list[tuple[str, Any, int]] = [
@@ -57,14 +59,6 @@ BAD_CHAT: list[tuple[str, Any, int]] = [
 ]
 
 
-def assert_openai_error(response: httpx.Response, status: int) -> None:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json")
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-
-
 @pytest.mark.parametrize(
     ("body", "status"), [(b, s) for _, b, s in BAD_COMPLETIONS], ids=[i for i, _, _ in BAD_COMPLETIONS]
 )
@@ -81,19 +75,7 @@ def test_bad_chat_requests(client: httpx.Client, body: Any, status: int) -> None
     assert_openai_error(client.post("/v1/chat/completions", json=body), status)
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [b"{not json", b"", b"\xff\xfe", b'{"prompt": "x", "max_tokens": NaN}', b"null", b'"just a string"'],
-    ids=["malformed", "empty", "not utf-8", "NaN", "null", "string"],
-)
-def test_malformed_bodies(client: httpx.Client, raw: bytes) -> None:
-    headers = {"content-type": "application/json"}
-    assert_openai_error(client.post("/v1/completions", content=raw, headers=headers), 400)
-    assert_openai_error(client.post("/v1/chat/completions", content=raw, headers=headers), 400)
-
-
-def test_unknown_route_and_method_are_json(client: httpx.Client) -> None:
-    assert_openai_error(client.get("/v1/nothing-here"), 404)
+def test_a_wrong_method_is_a_json_405(client: httpx.Client) -> None:
     assert_openai_error(client.get("/v1/completions"), 405)
 
 

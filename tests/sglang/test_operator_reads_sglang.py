@@ -23,7 +23,7 @@ from kvtune.operator.decide.window import Window
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from tests.operator.helpers import parse_exposition
 from tests.proxy.live_proxy import LiveProxy
-from tests.proxy.test_prefix_report import clean_chat, stamped_chat
+from tests.proxy.prefix_chats import clean_chat, stamped_chat
 from tests.sglang.conftest import TENANT_HEADER
 from tests.sglang.stand_in import SGLangStandIn, metrics_scrapes
 

@@ -8,7 +8,7 @@ import httpx
 
 from kvtune.contract.admin import CAP_HEADER
 from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy
-from tests.proxy.test_prefix_report import stamped_chat
+from tests.proxy.prefix_chats import stamped_chat
 from tests.server.live_server import Samples, scrape
 from tests.sglang.conftest import TENANT_HEADER
 from tests.sglang.stand_in import CONTEXT_LEN, SGLangStandIn, recorded_events
