@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from kvtune.contract.knobs import CAP_MODES, CapMode
 from kvtune.contract.metrics import CAPPED_DEFAULT
 
+OVER_CAP_CODE = "max_tokens_over_cap"  # the `code` of the 400 a rejected request gets, from either server
+
 
 @dataclass(frozen=True)
 class CapDecision:

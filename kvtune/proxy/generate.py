@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kvtune.contract.admin import CAP_HEADER
 from kvtune.front.body import RequestBodyError
 from kvtune.front.errors import CLIENT_CLOSED_REQUEST, error_body, internal_error
+from kvtune.front.max_tokens_cap import OVER_CAP_CODE
 from kvtune.proxy.accounting import RequestRecord
 from kvtune.proxy.cap import CHAT_FIELDS, COMPLETION_FIELDS, cap_body
 from kvtune.proxy.prefix_watch import CHAT_COMPLETIONS, COMPLETIONS
@@ -91,7 +92,7 @@ class GenerateFastPath:
                 core.metrics.capped.labels(capped.counted_as).inc()
             if capped.error is not None:
                 record.finish("rejected")
-                return JSONResponse(error_body(400, capped.error, capped.param), 400)
+                return JSONResponse(error_body(400, capped.error, capped.param, OVER_CAP_CODE), 400)
             key = tenant.decode("latin-1") if tenant else core.prefix_key(None, body.get("model"))
             return Forward(
                 core.upstream,

@@ -31,6 +31,7 @@ from kvtune.engine.loop.thread import AsyncEngine, RequestStream
 from kvtune.errors import KvtuneError
 from kvtune.front.body import read_json
 from kvtune.front.errors import ApiError, describe_validation_error, echoed
+from kvtune.front.max_tokens_cap import OVER_CAP_CODE
 from kvtune.front.text.prompt_chars import prompt_char_limit
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class OpenAIServing:
             return choose_max_tokens(requested, prompt_len, self.max_model_len, setting.cap, setting.mode)
         except MaxTokensOverCapError as err:
             self._count_capped(err.counted_as)
-            raise ApiError(400, err.message, param, "max_tokens_over_cap") from None
+            raise ApiError(400, err.message, param, OVER_CAP_CODE) from None
 
     def _prefix_key(self, request: Request) -> str | None:
         """The tenant named by --prefix-key-header, or None (the model name) when absent."""
