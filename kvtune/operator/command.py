@@ -17,7 +17,7 @@ from types import FrameType
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.errors import KvtuneError
-from kvtune.operator.decide.diagnosis import Diagnosis, corrupt_text, known
+from kvtune.operator.decide.diagnosis import Diagnosis, known
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.ports import Actuator, MetricSource
@@ -280,14 +280,9 @@ def run(args: argparse.Namespace) -> int:
 
     def on_tick(tick: Tick) -> None:
         proxy_problem = source.proxy_problem if isinstance(source, EngineWithProxy) else None
-        record(tick, proxy_problem)
-        if proxy_problem:
-            log.warning("proxy metrics missing this tick (defeat and cap series): %s", proxy_problem)
+        record(tick, proxy_problem)  # logs each finding (proxy metrics missing, corrupt metrics...) once
         if tick.decision is not None and not tick.applied:
             log.info("%s", tick_line(tick.decision.note, tick.decision.diagnosis))
-            if tick.decision.diagnosis.corrupt:
-                log.warning("corrupt metrics, dropped and never used as figures: %s",
-                            corrupt_text(tick.decision.diagnosis.corrupt))  # fmt: skip
 
     via = f" through the proxy {args.proxy}" if args.proxy else ""
     log.info("tuning %s%s every %.1f s (mode %s)", args.target, via, args.interval, policy.mode.value)

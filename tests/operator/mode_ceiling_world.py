@@ -9,7 +9,7 @@ from typing import Any
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, PolicyTick, run_once
 from tests.operator.kmock_world import (
     NS,
 )
@@ -25,7 +25,7 @@ async def ticks(spec: dict[str, Any], memory: PolicyMemory, count: int, **kwargs
         done = []
         with KubeApi.from_environment() as api:
             for _ in range(count):
-                done.append(run_once(api, REF, parsed, memory, time.time(), **kwargs))
+                done.append(run_once(api, PolicyTick(REF, parsed, time.time(), **kwargs), memory))
                 time.sleep(0.3)
         return done
 

@@ -17,7 +17,7 @@ import kmock
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, PolicyTick, run_once
 from tests.operator.helpers import fixture_text, reply
 from tests.operator.kmock_world import (
     NS,
@@ -165,7 +165,7 @@ async def ticks(spec: dict[str, Any], memory: PolicyMemory, count: int) -> list[
             for index in range(count):
                 if index:
                     time.sleep(0.3)
-                outcomes.append(run_once(api, ref, parsed, memory, time.time()))
+                outcomes.append(run_once(api, PolicyTick(ref, parsed, time.time()), memory))
         return outcomes
 
     return await asyncio.to_thread(run)

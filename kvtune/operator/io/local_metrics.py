@@ -1,26 +1,24 @@
-"""The --local loop's edge to the operator's own metrics: each tick is recorded as the in-cluster operator
-records a policy's evaluation (namespace "local", the policy named by the target's host:port). Without a
-KVTuningPolicy status to carry recommendations and conditions between ticks, `LocalStatus` does.
+"""The --local loop's edge to the operator's own metrics and its log: each tick is recorded as the in-cluster
+operator records a policy's evaluation (namespace "local", the policy named by the target's host:port), and
+each finding is logged once when it starts and once when it ends, in the words of the cluster's Events.
+Without a KVTuningPolicy status to carry recommendations and conditions between ticks, a `TickMemory` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import logging
+from dataclasses import replace
 from urllib.parse import urlsplit
 
+from kvtune.operator.decide.findings import Finding, steady, tick_facts, transitions
 from kvtune.operator.decide.loop import Tick
+from kvtune.operator.decide.memory import TickMemory
 from kvtune.operator.decide.policy import TuningPolicy
-from kvtune.operator.decide.status import (
-    ConditionState,
-    Knobs,
-    condition_states,
-    recommended_knobs,
-    record_tick,
-)
-from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.decide.status import condition_states, recommended_knobs, record_tick
 from kvtune.operator.io.own_metrics import ERROR_PROXY_METRICS, OperatorMetrics, evaluation_of
 
 LOCAL_NAMESPACE = "local"
+logger = logging.getLogger("kvtune.operator")
 
 
 def local_policy_name(target: str) -> str:
@@ -30,16 +28,15 @@ def local_policy_name(target: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
-@dataclass
-class LocalStatus:
-    """What a KVTuningPolicy's status would hold between ticks: the conditions and the recommendations."""
-
-    conditions: dict[str, ConditionState] = field(default_factory=dict)
-    recommended: Knobs | None = None
+def log_finding(finding: Finding) -> None:
+    if finding.edge == "ended":
+        logger.info("%s", finding.message)
+    else:
+        logger.warning("%s", finding.message)
 
 
 class LocalRecorder:
-    """Called with every tick of `run_loop`; records it into `metrics`."""
+    """Called with every tick of `run_loop`; records it into `metrics` and logs its findings' edges."""
 
     def __init__(
         self, metrics: OperatorMetrics, target: str, policy: TuningPolicy, interval_s: float | None = None
@@ -48,17 +45,25 @@ class LocalRecorder:
         self.policy = policy
         self.interval_s = interval_s
         self.name = local_policy_name(target)
-        self.memory = LocalStatus()
-        self.state = TunerState()  # the tuner's state after the last tick
+        self.memory = TickMemory()  # the tuner's state, conditions and recommendations after the last tick
         metrics.declare(LOCAL_NAMESPACE, self.name)
 
-    def __call__(self, tick: Tick, proxy_problem: str | None = None) -> None:
-        previous, self.state = self.state, tick.state
-        recorded = record_tick(self.memory.conditions, self.memory.recommended, tick, tick.at)
-        self.memory.conditions = {c.type: c for c in recorded.conditions}
-        self.memory.recommended = recorded.recommended
+    def __call__(self, tick: Tick, proxy_problem: str | None = None) -> list[Finding]:
+        memory = self.memory
+        previous, memory.state = memory.state, tick.state
+        recorded = record_tick(memory.conditions, memory.recommended, tick, tick.at)
+        memory.conditions = {c.type: c for c in recorded.conditions}
+        memory.recommended = recorded.recommended
+        if recorded.current is not None:
+            memory.current = recorded.current
+        memory.on, findings = transitions(
+            memory.on, {"proxy_missing": steady(proxy_problem), **tick_facts(tick)}
+        )
+        for finding in findings:
+            log_finding(finding)
         errors = (ERROR_PROXY_METRICS,) if proxy_problem else ()
         objective = self.policy.objective if self.policy.predict else None
-        evaluation = evaluation_of(previous, tick, condition_states(recorded.conditions),
-                                   recommended_knobs(self.memory.recommended), errors, objective)  # fmt: skip
+        states, recommended = condition_states(recorded.conditions), recommended_knobs(memory.recommended)
+        evaluation = evaluation_of(previous, tick, states, recommended, errors, objective)
         self.metrics.record(LOCAL_NAMESPACE, self.name, replace(evaluation, interval_s=self.interval_s))
+        return findings

@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from kvtune.operator.decide.findings import Finding, FindingKind
 from kvtune.operator.k8s.crd import GROUP, KIND, VERSION
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 
@@ -27,6 +28,40 @@ class EventSpec:
     reason: str  # CamelCase, e.g. TuningApplied
     message: str
     action: str = "Evaluate"
+
+
+@dataclass(frozen=True)
+class Posting:
+    """How a finding is posted: its start and each change as (type, reason), its end only where `ended`."""
+
+    type: str
+    reason: str
+    action: str = "Evaluate"
+    ended: tuple[str, str] | None = None
+
+
+# The one table from a finding (`decide.findings`) to its Events; their words are the finding's message.
+FINDING_EVENTS: dict[FindingKind, Posting] = {
+    "mode_capped": Posting("Warning", "ModeCapped"),
+    "actuator_unavailable": Posting("Warning", "ActuatorUnavailable"),
+    "pods_disagree": Posting("Warning", "PodsDisagree"),
+    "proxy_missing": Posting("Warning", "ProxyMetricsMissing"),
+    "alternating": Posting("Warning", "MetricsSourceAlternating", ended=("Normal", "MetricsSourceStable")),
+    "no_data": Posting("Warning", "NoMetrics"),
+    "corrupt": Posting("Warning", "CorruptMetrics"),
+    "change_held": Posting("Normal", "ChangeHeld", "Hold"),
+}
+
+
+def finding_events(findings: list[Finding]) -> list[EventSpec]:
+    events: list[EventSpec] = []
+    for finding in findings:
+        posting = FINDING_EVENTS[finding.kind]
+        if finding.edge != "ended":
+            events.append(EventSpec(posting.type, posting.reason, finding.message, posting.action))
+        elif posting.ended is not None:
+            events.append(EventSpec(*posting.ended, finding.message, posting.action))
+    return events
 
 
 def event_name(policy: PolicyRef, now: float) -> str:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -35,7 +36,7 @@ from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.informer import ObjectCache
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 from kvtune.operator.k8s.rate_limit import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS, TokenBucket
-from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
 from kvtune.operator.k8s.status_writes import refresh_seconds
 
 INVALID_SPEC_RETRY_S = 60.0
@@ -102,13 +103,18 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def tick(api: KubeApi, ref: PolicyRef, spec: KVTuningPolicySpec, memory: PolicyMemory, generation: int | None,
-         metrics: OperatorMetrics, logger: logging.Logger | logging.LoggerAdapter[Any],
-         max_mode: Mode = Mode.APPLY, undo_request: str | None = None, status_refresh_s: float = 0.0) -> None:  # fmt: skip
-    """One evaluation, in a worker thread; nothing it meets may stop the daemon (it is counted instead)."""
+def tick(
+    api: KubeApi,
+    at: PolicyTick,
+    memory: PolicyMemory,
+    metrics: OperatorMetrics,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    """One evaluation, in a worker thread (its time taken there: the pool may have queued it); nothing it
+    meets may stop the daemon (it is counted instead)."""
+    ref = at.ref
     try:
-        outcome = run_once(api, ref, spec, memory, time.time(), generation, metrics, max_mode, undo_request,
-                           status_refresh_s)  # fmt: skip
+        outcome = run_once(api, replace(at, now=time.time()), memory, metrics)
         logger.info("%s", outcome.status.note)
     except KubeError as err:
         logger.error("Kubernetes API: %s", err)
@@ -152,12 +158,18 @@ async def _evaluate_until_stopped(
             memo.operator_metrics.record_error(ref.namespace, ref.name, ERROR_INVALID_SPEC)
             await stopped.wait(INVALID_SPEC_RETRY_S)
             continue
-        generation = body.metadata.get("generation")
-        undo_request = body.metadata.annotations.get(UNDO_ANNOTATION) or None  # live, like the spec
-        max_mode = getattr(memo, "max_mode", Mode.APPLY)  # `kvtune operator --max-mode`
-        refresh = refresh_seconds(len(memo.policies), memo.kube_api.limiter.qps, float(spec.interval_seconds))
+        at = PolicyTick(
+            ref,
+            spec,
+            time.time(),
+            generation=body.metadata.get("generation"),
+            max_mode=getattr(memo, "max_mode", Mode.APPLY),  # `kvtune operator --max-mode`
+            undo=body.metadata.annotations.get(UNDO_ANNOTATION) or None,  # live, like the spec
+            status_refresh_s=refresh_seconds(
+                len(memo.policies), memo.kube_api.limiter.qps, float(spec.interval_seconds)
+            ),
+        )
         # the operator's own pool (`--workers`): bounded, whatever the number of policies
-        evaluate = functools.partial(tick, memo.kube_api, ref, spec, memory, generation, memo.operator_metrics,
-                                     logger, max_mode, undo_request, refresh)  # fmt: skip
+        evaluate = functools.partial(tick, memo.kube_api, at, memory, memo.operator_metrics, logger)
         await asyncio.get_running_loop().run_in_executor(memo.tick_pool, evaluate)
         await stopped.wait(float(spec.interval_seconds))

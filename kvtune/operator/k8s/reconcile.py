@@ -9,28 +9,32 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.core.objectives import default_round_to
-from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.diagnosis import corrupt_text
+from kvtune.operator.decide.findings import Fact, Facts, FindingKind, fact, steady, tick_facts, transitions
 from kvtune.operator.decide.freshness import Freshness
 from kvtune.operator.decide.loop import Held, Tick, step, window_length
+from kvtune.operator.decide.memory import TickMemory
 from kvtune.operator.decide.mode_ceiling import ModeDecision, effective_mode
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.pooling import PodEvidence, PoolState, worst_pod_line
 from kvtune.operator.decide.ports import Actuator
 from kvtune.operator.decide.prediction import PredictionState, objective_of
 from kvtune.operator.decide.readiness import Standing, ready
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import NoData
 from kvtune.operator.decide.status import (
     CONDITION_TYPES,
+    Conditions,
     ConditionState,
     ConditionStatus,
     Knobs,
+    TickStatus,
     condition,
     condition_states,
     recommended_knobs,
@@ -63,10 +67,10 @@ from kvtune.operator.k8s.crd import (
     state_from_status,
     state_to_status,
 )
-from kvtune.operator.k8s.events import EventSpec, PolicyRef, event_name, post_event
+from kvtune.operator.k8s.events import EventSpec, PolicyRef, event_name, finding_events, post_event
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
-from kvtune.operator.k8s.pods import PooledSource
-from kvtune.operator.k8s.replica_signal import replica_signal
+from kvtune.operator.k8s.pods import Pod, PooledSource
+from kvtune.operator.k8s.replica_signal import ReplicaSignal, replica_signal
 from kvtune.operator.k8s.secret_cache import SecretCache
 from kvtune.operator.k8s.status_writes import StatusWrites
 from kvtune.operator.k8s.wiring import actuator_for, advisory, args_actuator_of, source_for
@@ -123,32 +127,19 @@ class Resumed:
 
 @dataclass
 class PolicyMemory:
-    """What the operator keeps between evaluations of one policy: the tuner state (also in status, to
-    resume), the sample window (memory only: rebuilt within a few intervals), the last conditions and the
-    Secrets read (re-read only when they change)."""
+    """What the operator keeps between evaluations of one policy: the pure tick memory (`tuning`: the tuner
+    state, also in status to resume, the sample window, conditions, recommendations, findings on) and what is
+    the cluster's: the Secrets read (re-read only when they change), the pods' pool, the workload's watch,
+    the undo, the knobs' first values, the replica signal and the Events and status writes in flight."""
 
-    state: TunerState = field(default_factory=TunerState)
-    samples: deque[Sample] = field(default_factory=deque)
-    conditions: dict[str, ConditionState] = field(default_factory=dict)
-    recommended: Knobs | None = None
-    no_data: bool = False
-    actuator_error: str | None = None
-    proxy_problem: str | None = None  # why the proxy's /metrics could not be read at the last evaluation
+    tuning: TickMemory = field(default_factory=TickMemory)
     secrets: SecretCache = field(default_factory=SecretCache)
     pool: PoolState = field(default_factory=PoolState)  # many pods: each pod's last figures, pooled totals
-    pod_findings: tuple[str, ...] = ()  # pods' disagreements and unreadable pods at the last evaluation
     original: dict[str, Value] = field(default_factory=dict)  # each knob before the operator first changed it
     undo: UndoStatus | None = None  # the last undo asked for (kvtune.dev/undo) and how it went
-    mode_capped: str | None = None  # why the policy ran below its spec.mode at the last evaluation
-    watch: WorkloadWatch = field(
-        default_factory=lambda: WorkloadWatch()
-    )  # a vllm / sglang workload's rollout, reverts
-    current: Knobs | None = None  # the knobs the engine held at the last evaluation that read them
-    alternating: bool = False  # the source answered from more than one process, recently enough to hold
-    corrupt: tuple[tuple[str, str], ...] = ()  # the series dropped as impossible at the last evaluation
+    watch: WorkloadWatch = field(default_factory=WorkloadWatch)  # a vllm / sglang workload's rollout, reverts
     scaling: ScalingStatus | None = None  # the replica signal as last written
     exported: tuple[int | None, float | None] = (None, None)  # desired replicas and load ratio last exported
-    held: str | None = None  # why a change that restarts the pods was held at the last evaluation
     unposted: list[Unposted] = field(default_factory=list)  # Events to post again (the API server was down)
     resumed: Resumed | None = None  # what was taken over from status, until told (OperatorResumed)
     status_writes: StatusWrites = field(default_factory=StatusWrites)  # what was last written, and when
@@ -160,16 +151,24 @@ class PolicyMemory:
         except ValueError as err:
             logger.warning("ignoring an unreadable status: %s", err)
             return PolicyMemory()
-        return PolicyMemory(
+        tuning = TickMemory(
             state=state_from_status(saved),
             conditions={c.type: c.state() for c in saved.conditions},
             recommended=knobs_of(saved.recommended),
+            current=knobs_of(saved.current),
+        )
+        return PolicyMemory(
+            tuning=tuning,
             original=saved.original.values() if saved.original else {},
             undo=saved.undo,
             watch=saved.workload or WorkloadWatch(),
-            current=knobs_of(saved.current),
             resumed=resumed_from(saved),
         )
+
+    def found(self, facts: Facts) -> list[EventSpec]:
+        """The Events for the findings that started, changed or ended (`findings.transitions`)."""
+        self.tuning.on, findings = transitions(self.tuning.on, facts)
+        return finding_events(findings)
 
 
 def resumed_from(saved: KVTuningPolicyStatus) -> Resumed | None:
@@ -229,6 +228,21 @@ def patch_body(value: Any, in_list: bool = False) -> Any:
 
 
 @dataclass(frozen=True)
+class PolicyTick:
+    """One evaluation's inputs: the policy, its spec and generation as read now, the highest mode the
+    operator runs it in, the undo asked for (kvtune.dev/undo), and how often its unchanged status is
+    written again."""
+
+    ref: PolicyRef
+    spec: KVTuningPolicySpec
+    now: float
+    generation: int | None = None
+    max_mode: Mode = Mode.APPLY
+    undo: str | None = None
+    status_refresh_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Outcome:
     tick: Tick
     status: KVTuningPolicyStatus
@@ -236,21 +250,66 @@ class Outcome:
     evaluation: Evaluation  # what the operator's own /metrics record of this tick
 
 
-def record_pods(memory: PolicyMemory, source: PooledSource, tick: Tick) -> list[EventSpec]:
-    """Carry one evaluation of many pods into `memory` (the pool state) and say what changed among the pods
-    (restarts, disagreements, unreadable pods: an Event each time the findings change)."""
+@dataclass
+class Prelude:
+    """What an evaluation knows before it steps: the mode it runs in (and its condition), what acts on the
+    engine, why that cannot act (if so), and the Events so far."""
+
+    decision: ModeDecision
+    capped: ConditionState
+    actuator: Actuator
+    error: str | None
+    events: list[EventSpec]
+    pods: list[Pod] | NoData | None  # the target's ready pods (None without target.podEndpoints)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the status says beyond the policy's memory: the evaluation's note, conditions and findings."""
+
+    note: str
+    conditions: list[ConditionState]
+    current: Knobs | None
+    mode: Mode
+    flag: str | None = None
+    pods: list[PodStatus] = field(default_factory=list)
+    worst_pod: PodEvidence | None = None
+    workload: WorkloadWatch | None = None
+    prediction: PredictionStatus | None = None
+    scaling: ScalingStatus | None = None
+
+
+@dataclass(frozen=True)
+class PodsRead:
+    """One evaluation of many pods: their status lines, the worst one, and what changed among them."""
+
+    pods: list[PodStatus]
+    worst_pod: PodEvidence | None
+    worst: str | None  # the worst pod's line, named in the note and the new history entries
+    events: list[EventSpec]  # the pods that restarted
+    fact: Fact | None  # the pods' disagreements and unreadable pods
+
+
+def record_pods(
+    memory: PolicyMemory, source: PooledSource, tick: Tick, held_by_pod: Mapping[str, Any]
+) -> PodsRead:
+    """Carry one evaluation of many pods into `memory` (the pool state) and say what changed among them
+    (restarts; disagreements and unreadable pods, a finding)."""
     memory.pool = source.state
     events: list[EventSpec] = []
     pooled = source.last
     if pooled is not None and pooled.restarted and tick.no_data is None:
-        events.append(EventSpec("Warning", "PodRestarted", f"pods restarted: {', '.join(pooled.restarted)}; "
-                                "their counters count from zero, the pooled totals do not fall"))  # fmt: skip
-    findings = (*(pooled.findings if pooled else ()),
-                *(f"pod {name} unreadable: {why}" for name, why in sorted(source.unread.items())))  # fmt: skip
-    if findings and findings != memory.pod_findings:
-        events.append(EventSpec("Warning", "PodsDisagree", "; ".join(findings)))
-    memory.pod_findings = findings
-    return events
+        restarted = ", ".join(pooled.restarted)
+        message = (
+            f"pods restarted: {restarted}; their counters count from zero, the pooled totals do not fall"
+        )
+        events.append(EventSpec("Warning", "PodRestarted", message))
+    unread = (f"pod {name} unreadable: {why}" for name, why in sorted(source.unread.items()))
+    findings = (*(pooled.findings if pooled else ()), *unread)
+    pods, worst_pod = pod_statuses(memory.pool, tick.evidence_since, held_by_pod)
+    worst = worst_pod_line(worst_pod) if worst_pod is not None and tick.no_data is None else None
+    disagree = Fact("\n".join(findings), "; ".join(findings)) if findings else None
+    return PodsRead(pods, worst_pod, worst, events, disagree)
 
 
 HistoryKey = tuple[float, str, object, str | None]
@@ -270,20 +329,15 @@ def name_worst_pod(state: TunerState, seen: set[HistoryKey], worst: str) -> Tune
     return replace(state, history=history)
 
 
-def mode_condition(
-    memory: PolicyMemory, decision: ModeDecision, now: float
-) -> tuple[ConditionState, list[EventSpec]]:
-    """The ModeCapped condition, and a Warning Event when the policy starts running below its spec.mode
-    (or for another reason than at the last evaluation)."""
-    reason = decision.reason if decision.capped else None
-    events = (
-        [EventSpec("Warning", "ModeCapped", decision.message)]
-        if reason and reason != memory.mode_capped
-        else []
-    )
-    memory.mode_capped = reason
+def mode_condition(conditions: Conditions, decision: ModeDecision, now: float) -> ConditionState:
+    """The ModeCapped condition: True while the policy runs below its spec.mode."""
     status: ConditionStatus = "True" if decision.capped else "False"
-    return condition(memory.conditions, "ModeCapped", status, decision.reason, decision.message, now), events
+    return condition(conditions, "ModeCapped", status, decision.reason, decision.message, now)
+
+
+def mode_fact(decision: ModeDecision) -> Fact | None:
+    """Running below spec.mode, a finding that changes with its reason."""
+    return Fact(decision.reason, decision.message) if decision.capped else None
 
 
 def carry_out_undo(
@@ -292,11 +346,12 @@ def carry_out_undo(
     """Answer a kvtune.dev/undo request not yet carried out: the tuner state to step from, and an Event when
     a knob could not be set back (tried again next evaluation; the restored ones are TuningUndone Events
     from the history)."""
+    state = memory.tuning.state
     if memory.undo is not None and memory.undo.request == request and memory.undo.done:
-        return memory.state, []
+        return state, []
     current = actuator.current()
-    first = first_values(memory.original, memory.state.history)
-    outcome = undo(actuator, first, current.values if current.ok else {}, memory.state, request, now)
+    first = first_values(memory.original, state.history)
+    outcome = undo(actuator, first, current.values if current.ok else {}, state, request, now)
     message = "; ".join(outcome.failures) or (
         "restored " + ", ".join(f"{knob} {was} -> {value}" for knob, was, value in outcome.restored)
         if outcome.restored
@@ -305,8 +360,8 @@ def carry_out_undo(
     events = []
     if outcome.failures and (memory.undo is None or memory.undo.message != message):
         events.append(EventSpec("Warning", "UndoFailed", f"could not set back: {message}", "Undo"))
-    memory.undo = UndoStatus(request=request, time=datetime.fromtimestamp(now, UTC), done=outcome.done,
-                             message=message)  # fmt: skip
+    at = datetime.fromtimestamp(now, UTC)
+    memory.undo = UndoStatus(request=request, time=at, done=outcome.done, message=message)
     memory.original = outcome.remaining
     return outcome.state, events
 
@@ -316,7 +371,7 @@ def watch_workload(
 ) -> Watched | None:
     """Follow the workload's rollout and reverts (None when there is nothing to follow, or when it cannot be
     read: the actuator's own read then reports why)."""
-    desired = dict(memory.state.desired).get(KNOB_MAX_NUM_SEQS) if policy.mode is Mode.APPLY else None
+    desired = dict(memory.tuning.state.desired).get(KNOB_MAX_NUM_SEQS) if policy.mode is Mode.APPLY else None
     held = desired if isinstance(desired, int) else None
     if not needs_read(memory.watch, held):
         return None
@@ -331,54 +386,68 @@ def watch_workload(
 def yield_value(memory: PolicyMemory) -> None:
     """Stop holding max_num_seqs (another field manager keeps reverting it): it stays a recommendation."""
     value = memory.watch.yielded_value
-    memory.state = replace(
-        memory.state, desired=tuple((k, v) for k, v in memory.state.desired if k != KNOB_MAX_NUM_SEQS)
-    )
-    memory.recommended = {**(memory.recommended or {}), KNOB_MAX_NUM_SEQS: value}
+    tuning = memory.tuning
+    desired = tuple((k, v) for k, v in tuning.state.desired if k != KNOB_MAX_NUM_SEQS)
+    tuning.state = replace(tuning.state, desired=desired)
+    tuning.recommended = {**(tuning.recommended or {}), KNOB_MAX_NUM_SEQS: value}
+
+
+def follow_rollout(
+    memory: PolicyMemory,
+    at: PolicyTick,
+    args: WorkloadArgsActuator,
+    policy: TuningPolicy,
+    events: list[EventSpec],
+) -> str | None:
+    """Carry the workload's rollout and reverts into `memory` (its Events into `events`); returns why to
+    wait (a rollout under way: no judging, no acting) unless an undo, a person's override, is asked."""
+    watched = watch_workload(args, memory, policy, at.generation, at.now)
+    if watched is None:
+        return None
+    events += watched.events
+    memory.watch = watched.state
+    if watched.yielded:
+        yield_value(memory)
+    if watched.rolled_out:  # the new pods' evidence only, and a full window of it before judging
+        memory.tuning.samples.clear()
+        memory.tuning.state = memory.tuning.state.after_engine_restart(at.now)
+    return watched.wait if at.undo is None else None
 
 
 def workload_conditions(memory: PolicyMemory, now: float) -> list[ConditionState]:
     return [
-        condition(memory.conditions, kind, status, reason, message, now)
+        condition(memory.tuning.conditions, kind, status, reason, message, now)
         for kind, status, reason, message in watch_conditions(memory.watch)
     ]
 
 
-def actuator_condition(memory: PolicyMemory, error: str | None, now: float) -> ConditionState:
+def actuator_condition(conditions: Conditions, error: str | None, now: float) -> ConditionState:
     """ActuatorUnavailable: True while what acts on the engine's knobs cannot be built (a Secret missing):
     the diagnosis and the recommendations go on, nothing is applied."""
     if error:
-        return condition(memory.conditions, "ActuatorUnavailable", "True", "SecretUnreadable", error, now)
-    return condition(memory.conditions, "ActuatorUnavailable", "False", "ActuatorBuilt",
-                     "what acts on the engine's knobs is built", now)  # fmt: skip
+        return condition(conditions, "ActuatorUnavailable", "True", "SecretUnreadable", error, now)
+    built = "what acts on the engine's knobs is built"
+    return condition(conditions, "ActuatorUnavailable", "False", "ActuatorBuilt", built, now)
 
 
 def held_condition(
-    memory: PolicyMemory, policy: TuningPolicy, held: Held | None, restarts: tuple[float, ...], now: float
-) -> tuple[ConditionState, list[EventSpec]]:
-    """ChangeHeld (a workload whose pods a change restarts): True while the restart budget holds a change,
-    with a Normal Event when a hold begins; False says how much of the budget is used."""
+    conditions: Conditions, policy: TuningPolicy, held: Held | None, restarts: tuple[float, ...], now: float
+) -> ConditionState:
+    """ChangeHeld (a workload whose pods a change restarts): True while the restart budget holds a change
+    (its start a finding, `findings.tick_facts`); False says how much of the budget is used."""
     budget = policy.restart_budget
-    events: list[EventSpec] = []
     if held is not None:
         verdict = held.verdict
-        if verdict.reason != memory.held:
-            events.append(EventSpec("Normal", "ChangeHeld", f"{held.what} held: {verdict.message}", "Hold"))
-        memory.held = verdict.reason
-        held_state = condition(memory.conditions, "ChangeHeld", "True", verdict.reason, verdict.message, now)
-        return held_state, events
-    memory.held = None
+        return condition(conditions, "ChangeHeld", "True", verdict.reason, verdict.message, now)
     if budget is None:
-        return condition(memory.conditions, "ChangeHeld", "False", "NoRestartBudget",
-                         "no spec.restartBudget: changes that restart the pods are bounded by the cooldown only",
-                         now), events  # fmt: skip
-    return condition(memory.conditions, "ChangeHeld", "False", "WithinBudget", budget.describe(restarts, now),
-                     now), events  # fmt: skip
+        why = "no spec.restartBudget: changes that restart the pods are bounded by the cooldown only"
+        return condition(conditions, "ChangeHeld", "False", "NoRestartBudget", why, now)
+    return condition(conditions, "ChangeHeld", "False", "WithinBudget", budget.describe(restarts, now), now)
 
 
-def ready_condition(memory: PolicyMemory, standing: Standing, now: float) -> ConditionState:
+def ready_condition(conditions: Conditions, standing: Standing, now: float) -> ConditionState:
     status, reason, message = ready(standing)
-    return condition(memory.conditions, "Ready", status, reason, message, now)
+    return condition(conditions, "Ready", status, reason, message, now)
 
 
 def watch_standing(watch: WorkloadWatch | None) -> tuple[str | None, str | None]:
@@ -396,63 +465,80 @@ def watch_standing(watch: WorkloadWatch | None) -> tuple[str | None, str | None]
     return stalled, yielded
 
 
-def waiting(
-    memory: PolicyMemory, spec: KVTuningPolicySpec, note: str, events: list[EventSpec], flag: str | None,
-    generation: int | None, now: float, capped: ConditionState, mode: Mode,
-) -> Outcome:  # fmt: skip
+def begin(api: KubeApi, at: PolicyTick, memory: PolicyMemory) -> tuple[Prelude, TuningPolicy]:
+    """The mode the policy runs in (at most `at.max_mode`, at most Recommend while an undo holds), the
+    window resized to the spec, the pods listed and the actuator built; their findings' Events."""
+    decision = effective_mode(Mode(at.spec.mode), at.max_mode, undo_hold=at.undo is not None)
+    policy: TuningPolicy = replace(at.spec.to_policy(), mode=decision.mode)
+    tuning = memory.tuning
+    events: list[EventSpec] = []
+    if memory.resumed is not None:
+        events.append(EventSpec("Normal", "OperatorResumed", memory.resumed.message(at.now)))
+        memory.resumed = None
+    keep = window_length(policy, float(at.spec.interval_seconds))
+    if tuning.samples.maxlen != keep:
+        tuning.samples = deque(tuning.samples, maxlen=keep)
+    pods = workload_pods(api, at.ref.namespace, at.spec)
+    actuator = actuator_for(api, at.spec, at.ref.namespace, memory.secrets, pods)
+    error = actuator.describe().unavailable
+    events += memory.found({"mode_capped": mode_fact(decision), "actuator_unavailable": fact(error)})
+    capped = mode_condition(tuning.conditions, decision, at.now)
+    return Prelude(decision, capped, actuator, error, events, pods), policy
+
+
+def waiting(memory: PolicyMemory, at: PolicyTick, prelude: Prelude, note: str, flag: str | None) -> Outcome:
     """The outcome of an evaluation that neither judges nor acts (a rollout in progress): status says why,
     and keeps what the last evaluation found."""
-    kept = [memory.conditions[kind] for kind in (*CONDITION_TYPES, "ChangeHeld") if kind in memory.conditions]
+    tuning, now, capped = memory.tuning, at.now, prelude.capped
+    kept = [tuning.conditions[kind] for kind in (*CONDITION_TYPES, "ChangeHeld") if kind in tuning.conditions]
     stalled, yielded = watch_standing(memory.watch)
-    standing = Standing(mode, actuator=memory.actuator_error, stalled=stalled, yielded=yielded,
-                        rollout=None if stalled else note,
-                        capped=capped.message if capped.status == "True" else None)  # fmt: skip
-    conditions = [*kept, capped, *workload_conditions(memory, now),
-                  actuator_condition(memory, memory.actuator_error, now), ready_condition(memory, standing, now)]  # fmt: skip
-    memory.conditions.update({c.type: c for c in conditions})
-    tick = Tick(now, None, state=memory.state)
+    standing = Standing(
+        prelude.decision.mode, actuator=prelude.error, stalled=stalled, yielded=yielded,
+        rollout=None if stalled else note, capped=capped.message if capped.status == "True" else None,
+    )  # fmt: skip
+    conditions = [
+        *kept, capped, *workload_conditions(memory, now), actuator_condition(tuning.conditions, prelude.error, now),
+        ready_condition(tuning.conditions, standing, now),
+    ]  # fmt: skip
+    tuning.conditions.update({c.type: c for c in conditions})
+    tick = Tick(now, None, state=tuning.state)
     states = condition_states(conditions)
-    evaluation = evaluation_of(memory.state, tick, states, recommended_knobs(memory.recommended))
+    evaluation = evaluation_of(tuning.state, tick, states, recommended_knobs(tuning.recommended))
     # no new figures while waiting, but the conditions still stand: their series stay on the dashboards
     desired, ratio = memory.exported  # the replica signal holds through a rollout of the operator's
     evaluation = replace(evaluation, conditions=states, desired_replicas=desired, demand_capacity_ratio=ratio)
-    pods_status, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(spec) else ([], None)
-    status = policy_status(memory, memory.state, generation, now, note, conditions, memory.current, pods_status,
-                           worst_pod, flag, mode, memory.watch, scaling=memory.scaling,
-                           timing=TimingStatus.of(spec))  # fmt: skip
-    return Outcome(tick, status, tuple(events), evaluation)
+    pods, worst_pod = pod_statuses(memory.pool, None, {}) if is_workload(at.spec) else ([], None)
+    reading = Reading(note, conditions, tuning.current, prelude.decision.mode, flag, pods, worst_pod,
+                      memory.watch, scaling=memory.scaling)  # fmt: skip
+    return Outcome(tick, policy_status(memory, tuning.state, at, reading), tuple(prelude.events), evaluation)
 
 
 def policy_status(
-    memory: PolicyMemory, state: TunerState, generation: int | None, now: float, note: str,
-    conditions: list[ConditionState], current: Knobs | None, pods: list[PodStatus],
-    worst_pod: PodEvidence | None, flag: str | None, mode: Mode, workload: WorkloadWatch | None,
-    prediction: PredictionStatus | None = None, scaling: ScalingStatus | None = None,
-    timing: TimingStatus | None = None,
-) -> KVTuningPolicyStatus:  # fmt: skip
+    memory: PolicyMemory, state: TunerState, at: PolicyTick, reading: Reading
+) -> KVTuningPolicyStatus:
     """The status both outcomes write (waiting for a rollout, or evaluated): one place maps the policy's
     memory and the tuner's state onto the CRD's fields."""
     tuner, history = state_to_status(state)
     return KVTuningPolicyStatus(
-        observed_generation=generation,
-        last_evaluation_time=datetime.fromtimestamp(now, UTC),
-        note=note,
-        conditions=conditions_of(conditions),
-        current=knob_values(current),
-        recommended=knob_values(memory.recommended),
+        observed_generation=at.generation,
+        last_evaluation_time=datetime.fromtimestamp(at.now, UTC),
+        note=reading.note,
+        conditions=conditions_of(reading.conditions),
+        current=knob_values(reading.current),
+        recommended=knob_values(memory.tuning.recommended),
         desired=DesiredValues.of(state.desired),
         history=history,
         tuner_state=tuner,
-        pods=pods,
-        worst_pod=worst_pod.name if worst_pod else None,
-        admission_flag=flag,
-        mode=mode.value,
+        pods=reading.pods,
+        worst_pod=reading.worst_pod.name if reading.worst_pod else None,
+        admission_flag=reading.flag,
+        mode=reading.mode.value,
         original=OriginalValues.of(memory.original),
         undo=memory.undo,
-        workload=workload,
-        prediction=prediction,
-        scaling=scaling,
-        timing=timing,
+        workload=reading.workload,
+        prediction=reading.prediction,
+        scaling=reading.scaling,
+        timing=TimingStatus.of(at.spec),
     )
 
 
@@ -480,159 +566,127 @@ def prediction_status(policy: TuningPolicy, tick: Tick) -> PredictionStatus | No
     )  # fmt: skip
 
 
-def evaluate(
-    api: KubeApi,
-    policy_ref: PolicyRef,
-    spec: KVTuningPolicySpec,
-    memory: PolicyMemory,
-    now: float,
-    generation: int | None = None,
-    max_mode: Mode = Mode.APPLY,
-    undo_request: str | None = None,
-) -> Outcome:
-    """One step for one policy; updates `memory`, returns the status to write and the Events to post. The
-    policy runs at most in `max_mode` (the operator's ceiling), and at most in Recommend while an undo
-    (`undo_request`, the kvtune.dev/undo annotation) holds."""
-    decision = effective_mode(Mode(spec.mode), max_mode, undo_hold=undo_request is not None)
-    policy: TuningPolicy = replace(spec.to_policy(), mode=decision.mode)
-    capped, events = mode_condition(memory, decision, now)
-    if memory.resumed is not None:
-        events.insert(0, EventSpec("Normal", "OperatorResumed", memory.resumed.message(now)))
-        memory.resumed = None
-    keep = window_length(policy, float(spec.interval_seconds))
-    if memory.samples.maxlen != keep:
-        memory.samples = deque(memory.samples, maxlen=keep)
-    pods = workload_pods(api, policy_ref.namespace, spec)
-    actuator = actuator_for(api, spec, policy_ref.namespace, memory.secrets, pods)
-    actuator_error = actuator.describe().unavailable
-    if actuator_error and actuator_error != memory.actuator_error:
-        events.append(EventSpec("Warning", "ActuatorUnavailable", actuator_error))
-    memory.actuator_error = actuator_error
-    args = args_actuator_of(actuator)
-    watched = watch_workload(args, memory, policy, generation, now) if args is not None else None
-    if args is not None and watched is not None:
-        events += watched.events
-        memory.watch = watched.state
-        if watched.yielded:
-            yield_value(memory)
-        if watched.rolled_out:  # the new pods' evidence only, and a full window of it before judging
-            memory.samples.clear()
-            memory.state = memory.state.after_engine_restart(now)
-        # an undo is a person's override: it is carried out even while a rollout is under way
-        if watched.wait is not None and undo_request is None:
-            return waiting(memory, spec, watched.wait, events, actuator.describe().admission_flag, generation,
-                           now, capped, decision.mode)  # fmt: skip
-    if args is not None and memory.watch.yielded_value is not None:
-        actuator = advisory(actuator, args, memory.watch.reverted_by or "another field manager")
-    device = args.device() if args is not None and spec.round_to is None else None
-    if device is not None:  # unset roundTo assumes a GPU; the container says where it runs
-        policy = replace(policy, round_to=default_round_to(spec.target.engine, device))
-    previous = memory.state
-    start = previous
-    if undo_request is not None:
-        start, undo_events = carry_out_undo(memory, actuator, undo_request, now)
-        events += undo_events
-    workload = is_workload(spec)
-    horizon = keep * float(spec.interval_seconds)
-    pooled = workload_source(spec, pods, memory.pool, horizon) if workload else None
-    source = pooled if pooled is not None else source_for(spec)
-    if args is not None:  # its patches land within one interval of the data read now, or are not made
-        args.decides_on(Freshness(time.time(), float(spec.interval_seconds)))
-    tick = step(source, actuator, policy, start, memory.samples, now)
-    info = actuator.describe()  # after the step: what the pods answered to it
-    seen = history_keys(previous)
-    pods_status: list[PodStatus] = []
-    worst_pod: PodEvidence | None = None
-    worst: str | None = None
-    if pooled is not None:
-        events += record_pods(memory, pooled, tick)
-        pods_status, worst_pod = pod_statuses(memory.pool, tick.evidence_since, info.held_by_pod)
-        worst = worst_pod_line(worst_pod) if worst_pod is not None and tick.no_data is None else None
-    if worst is not None:
-        tick = replace(tick, state=name_worst_pod(tick.state, seen, worst))
-    proxy_problem = source.proxy_problem
-    if proxy_problem and not memory.proxy_problem:
-        events.append(EventSpec("Warning", "ProxyMetricsMissing",
-                                f"the proxy's /metrics (defeat and cap series) cannot be read: {proxy_problem}"))  # fmt: skip
-    memory.proxy_problem = proxy_problem
-    flag = info.admission_flag
-    events += [
+def action_events(
+    tick: Tick, previous: TunerState, seen: set[HistoryKey], flag: str | None
+) -> list[EventSpec]:
+    """An Event for every history entry this tick added, every failed apply, a restart, every desired value
+    put back, and every new verdict on a forecast."""
+    events = [
         history_event(h, flag) for h in tick.state.history if (h.at, h.kind, h.remedy, h.knob) not in seen
     ]
     for change, result in tick.applied:
         if not result.ok:
-            events.append(EventSpec("Warning", "ApplyFailed",
-                                    f"{change.knob} {change.before} -> {change.value}: {result.error}",
-                                    change.remedy.value))  # fmt: skip
+            message = f"{change.knob} {change.before} -> {change.value}: {result.error}"
+            events.append(EventSpec("Warning", "ApplyFailed", message, change.remedy.value))
     if tick.restart is not None:
-        events.append(EventSpec("Warning", "EngineRestarted",
-                                f"{tick.restart}; samples from before the restart dropped"))  # fmt: skip
+        message = f"{tick.restart}; samples from before the restart dropped"
+        events.append(EventSpec("Warning", "EngineRestarted", message))
     for knob, value, result in tick.reapplied:
         if result.ok:
             events.append(EventSpec("Normal", "DesiredStateReapplied", f"{knob} set back to {value}"))
         else:
             events.append(EventSpec("Warning", "ReapplyFailed", f"{knob} -> {value}: {result.error}"))
-    if tick.alternation is not None and not memory.alternating:
-        events.append(EventSpec("Warning", "MetricsSourceAlternating",
-                                f"{ALTERNATING_HINT}: {tick.alternation}; its samples are dropped and nothing "
-                                "is acted on until it answers from one process"))  # fmt: skip
-    elif memory.alternating and tick.holding is None and tick.no_data is None:
-        events.append(EventSpec("Normal", "MetricsSourceStable",
-                                "the metrics source has answered from one process long enough: tuning resumes"))  # fmt: skip
-    if tick.no_data is None:
-        memory.alternating = tick.holding is not None
-    events += prediction_events(previous.prediction, tick.state.prediction)
-    if tick.no_data and not memory.no_data:
-        events.append(EventSpec("Warning", "NoMetrics", f"no data from the metrics source: {tick.no_data}"))
-    memory.no_data = tick.no_data is not None
-    corrupt = tick.decision.diagnosis.corrupt if tick.decision else ()
-    if corrupt and corrupt != memory.corrupt:
-        events.append(EventSpec("Warning", "CorruptMetrics",
-                                f"corrupt metrics, dropped and never used as figures: {corrupt_text(corrupt)}"))  # fmt: skip
-    memory.corrupt = corrupt
-    memory.state = tick.state
-    memory.original = first_values(memory.original, tick.state.history)
-    if args is not None:
-        memory.watch = after_patch(memory.watch, args, now)
-    watching = workload_conditions(memory, now) if args is not None else []
+    return events + prediction_events(previous.prediction, tick.state.prediction)
 
-    recorded = record_tick(memory.conditions, memory.recommended, tick, now)
-    current = recorded.current
-    memory.recommended = recorded.recommended
-    replicas = replica_signal(api, policy_ref.namespace, spec, tick.state.scaling.signal, memory.scaling,
-                              memory.conditions, now)  # fmt: skip
-    events += replicas.events
-    memory.scaling, memory.exported = replicas.status, (replicas.desired, replicas.ratio)
-    signal_condition = [replicas.condition] if replicas.condition is not None else []
-    held: list[ConditionState] = []
-    if args is not None:
-        held_state, held_events = held_condition(memory, policy, tick.held, tick.state.restarts, now)
-        held = [held_state]
-        events += held_events
-    stalled, yielded = watch_standing(memory.watch if args is not None else None)
-    standing = Standing(decision.mode, no_data=tick.no_data, alternating=tick.holding, actuator=actuator_error,
-                        stalled=stalled, yielded=yielded,
-                        held=f"{tick.held.what} held: {tick.held.verdict.message}" if tick.held else None,
-                        capped=decision.message if decision.capped else None)  # fmt: skip
-    conditions = [*recorded.conditions, capped, *watching, *signal_condition, *held,
-                  actuator_condition(memory, actuator_error, now), ready_condition(memory, standing, now)]  # fmt: skip
-    memory.conditions = {c.type: c for c in conditions}
-    if current is not None:
-        memory.current = current
-    errors = ((ERROR_ACTUATOR,) if actuator_error else ()) + ((ERROR_PROXY_METRICS,) if proxy_problem else ())
-    evaluation = evaluation_of(previous, tick, condition_states(conditions),
-                               recommended_knobs(memory.recommended), errors,
-                               policy.objective if policy.predict else None)  # fmt: skip
-    evaluation = replace(evaluation, desired_replicas=replicas.desired, demand_capacity_ratio=replicas.ratio)
+
+def standing_conditions(
+    conditions: Conditions, prelude: Prelude, tick: Tick, watch: WorkloadWatch | None, now: float
+) -> list[ConditionState]:
+    """ActuatorUnavailable and Ready, which sums up what stands in the way of acting."""
+    stalled, yielded = watch_standing(watch)
+    decision = prelude.decision
+    standing = Standing(
+        decision.mode, no_data=tick.no_data, alternating=tick.holding, actuator=prelude.error, stalled=stalled,
+        yielded=yielded, held=f"{tick.held.what} held: {tick.held.verdict.message}" if tick.held else None,
+        capped=decision.message if decision.capped else None,
+    )  # fmt: skip
+    return [actuator_condition(conditions, prelude.error, now), ready_condition(conditions, standing, now)]
+
+
+def tick_note(tick: Tick, worst: str | None) -> str:
     note = tick.decision.note if tick.decision else f"no data: {tick.no_data}"
+    corrupt = tick.decision.diagnosis.corrupt if tick.decision else ()
     if corrupt:
         note = f"{note}; corrupt metrics, dropped: {corrupt_text(corrupt)}"
-    if worst is not None:
-        note = f"{note}; {worst}"
-    status = policy_status(memory, tick.state, generation, now, note, conditions, current, pods_status, worst_pod,
-                           flag, decision.mode, memory.watch if args is not None else None,
-                           prediction_status(policy, tick), replicas.status, TimingStatus.of(spec))  # fmt: skip
-    return Outcome(tick, status, tuple(events), evaluation)
+    return note if worst is None else f"{note}; {worst}"
+
+
+def tick_conditions(
+    api: KubeApi, at: PolicyTick, memory: PolicyMemory, policy: TuningPolicy, tick: Tick, prelude: Prelude,
+    watch: WorkloadWatch | None, acting: bool,
+) -> tuple[list[ConditionState], TickStatus, ReplicaSignal]:  # fmt: skip
+    """The conditions this tick leaves, kept in the policy's memory, with what `record_tick` recorded and
+    the replica signal (whose Events the caller posts). `acting`: the policy patches the workload's args."""
+    tuning, now = memory.tuning, at.now
+    watching = workload_conditions(memory, now) if acting else []
+    recorded = record_tick(tuning.conditions, tuning.recommended, tick, now)
+    tuning.recommended = recorded.recommended
+    replicas = replica_signal(api, at.ref.namespace, at.spec, tick.state.scaling.signal, memory.scaling,
+                              tuning.conditions, now)  # fmt: skip
+    memory.scaling, memory.exported = replicas.status, (replicas.desired, replicas.ratio)
+    signal = [replicas.condition] if replicas.condition is not None else []
+    held = [held_condition(tuning.conditions, policy, tick.held, tick.state.restarts, now)] if acting else []
+    conditions = [*recorded.conditions, prelude.capped, *watching, *signal, *held,
+                  *standing_conditions(tuning.conditions, prelude, tick, watch, now)]  # fmt: skip
+    tuning.conditions = {c.type: c for c in conditions}
+    tuning.current = recorded.current if recorded.current is not None else tuning.current
+    return conditions, recorded, replicas
+
+
+def evaluate(api: KubeApi, at: PolicyTick, memory: PolicyMemory) -> Outcome:
+    """One step for one policy; updates `memory`, returns the status to write and the Events to post."""
+    prelude, policy = begin(api, at, memory)
+    tuning, spec, now = memory.tuning, at.spec, at.now
+    args = args_actuator_of(prelude.actuator)
+    if args is not None:
+        wait = follow_rollout(memory, at, args, policy, prelude.events)
+        if wait is not None:
+            return waiting(memory, at, prelude, wait, prelude.actuator.describe().admission_flag)
+        if memory.watch.yielded_value is not None:
+            prelude.actuator = advisory(
+                prelude.actuator, args, memory.watch.reverted_by or "another field manager"
+            )
+        device = args.device() if spec.round_to is None else None
+        if device is not None:  # unset roundTo assumes a GPU; the container says where it runs
+            policy = replace(policy, round_to=default_round_to(spec.target.engine, device))
+    previous = start = tuning.state
+    events = prelude.events
+    if at.undo is not None:
+        start, undone = carry_out_undo(memory, prelude.actuator, at.undo, now)
+        events += undone
+    horizon = (tuning.samples.maxlen or 0) * float(spec.interval_seconds)
+    pooled = workload_source(spec, prelude.pods, memory.pool, horizon) if is_workload(spec) else None
+    source = pooled if pooled is not None else source_for(spec)
+    if args is not None:  # its patches land within one interval of the data read now, or are not made
+        args.decides_on(Freshness(time.time(), float(spec.interval_seconds)))
+    tick = step(source, prelude.actuator, policy, start, tuning.samples, now)
+    info, seen = prelude.actuator.describe(), history_keys(previous)  # after the step: what the pods answered
+    pods = record_pods(memory, pooled, tick, info.held_by_pod) if pooled is not None else None
+    if pods is not None and pods.worst is not None:
+        tick = replace(tick, state=name_worst_pod(tick.state, seen, pods.worst))
+    facts: dict[FindingKind, Fact | None] = {"pods_disagree": pods.fact} if pods is not None else {}
+    facts.update({"proxy_missing": steady(source.proxy_problem), **tick_facts(tick, held=args is not None)})
+    events += [*(pods.events if pods else ()), *memory.found(facts)]
+    events += action_events(tick, previous, seen, info.admission_flag)
+    tuning.state = tick.state
+    memory.original = first_values(memory.original, tick.state.history)
+    watch = after_patch(memory.watch, args, now) if args is not None else None
+    if watch is not None:
+        memory.watch = watch
+    conditions, recorded, replicas = tick_conditions(
+        api, at, memory, policy, tick, prelude, watch, args is not None
+    )
+    events += replicas.events
+    errors = ((ERROR_ACTUATOR,) if prelude.error else ()) + (
+        (ERROR_PROXY_METRICS,) if source.proxy_problem else ()
+    )
+    evaluation = evaluation_of(previous, tick, condition_states(conditions), recommended_knobs(tuning.recommended),
+                               errors, policy.objective if policy.predict else None)  # fmt: skip
+    evaluation = replace(evaluation, desired_replicas=replicas.desired, demand_capacity_ratio=replicas.ratio)
+    reading = Reading(tick_note(tick, pods.worst if pods else None), conditions, recorded.current,
+                      prelude.decision.mode, info.admission_flag, pods.pods if pods else [],
+                      pods.worst_pod if pods else None, watch, prediction_status(policy, tick), replicas.status)  # fmt: skip
+    return Outcome(tick, policy_status(memory, tick.state, at, reading), tuple(events), evaluation)
 
 
 def write(
@@ -676,28 +730,14 @@ def write(
 
 
 def run_once(
-    api: KubeApi,
-    policy_ref: PolicyRef,
-    spec: KVTuningPolicySpec,
-    memory: PolicyMemory,
-    now: float,
-    generation: int | None = None,
-    metrics: OperatorMetrics | None = None,
-    max_mode: Mode = Mode.APPLY,
-    undo_request: str | None = None,
-    status_refresh_s: float = 0.0,
+    api: KubeApi, at: PolicyTick, memory: PolicyMemory, metrics: OperatorMetrics | None = None
 ) -> Outcome:
     """Evaluate, write, and record the tick (with any write failures) in the operator's own metrics."""
-    outcome = evaluate(api, policy_ref, spec, memory, now, generation, max_mode, undo_request)
-    failed = write(api, policy_ref, outcome, now, memory.unposted, memory.status_writes, status_refresh_s)
-    outcome = replace(
-        outcome,
-        evaluation=replace(
-            outcome.evaluation,
-            errors=outcome.evaluation.errors + failed,
-            interval_s=float(spec.interval_seconds),
-        ),
-    )
+    outcome = evaluate(api, at, memory)
+    failed = write(api, at.ref, outcome, at.now, memory.unposted, memory.status_writes, at.status_refresh_s)
+    errors = outcome.evaluation.errors + failed
+    evaluation = replace(outcome.evaluation, errors=errors, interval_s=float(at.spec.interval_seconds))
+    outcome = replace(outcome, evaluation=evaluation)
     if metrics is not None:
-        metrics.record(policy_ref.namespace, policy_ref.name, outcome.evaluation)
+        metrics.record(at.ref.namespace, at.ref.name, outcome.evaluation)
     return outcome

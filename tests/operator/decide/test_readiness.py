@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from kvtune.operator.decide.mode_ceiling import effective_mode
 from kvtune.operator.decide.policy import Mode
 from kvtune.operator.decide.readiness import Standing, ready
+from kvtune.operator.io.actuators import KvtuneAdminActuator
 from kvtune.operator.k8s.crd import KVTuningPolicySpec, WorkloadWatch
-from kvtune.operator.k8s.reconcile import PolicyMemory, mode_condition, waiting
+from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, Prelude, mode_condition, waiting
 
 why = st.none() | st.sampled_from(["a reason", "another reason"])
 standings = st.builds(
@@ -77,10 +79,12 @@ def test_a_policy_waiting_for_its_rollout_is_ready_unless_the_rollout_stalled(
     now = 1_800_000_000.0
     memory = PolicyMemory(watch=WorkloadWatch(rollout_generation=3, rollout_since=now - 30,
                                               rollout_stalled=stalled, rollout_summary=ROLLING))  # fmt: skip
-    capped, _ = mode_condition(memory, effective_mode(Mode.APPLY, Mode.APPLY), now)
+    decision = effective_mode(Mode.APPLY, Mode.APPLY)
+    capped = mode_condition(memory.tuning.conditions, decision, now)
     spec = KVTuningPolicySpec.model_validate(SPEC)
     note = f"waiting for rollout of Deployment inference/llama: {ROLLING}"
-    outcome = waiting(memory, spec, note, [], None, 1, now, capped, Mode.APPLY)
+    prelude = Prelude(decision, capped, KvtuneAdminActuator("http://127.0.0.1:9", "unused"), None, [], None)
+    outcome = waiting(memory, PolicyTick(PolicyRef("inference", "llama"), spec, now, 1), prelude, note, None)
     (found,) = [c for c in outcome.status.conditions if c.type == "Ready"]
     assert (found.status, found.reason) == expected and ROLLING in found.message
     assert outcome.status.timing is not None and outcome.status.timing.cooldown_seconds == 1800.0

@@ -5,19 +5,29 @@ of the Deployment, while a status is still written every tick."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
+from kvtune.operator.decide.loop import step, window_length
+from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.tuner import TunerState
+from kvtune.operator.io.actuators import KvtuneAdminActuator
+from kvtune.operator.io.local_metrics import LocalRecorder
+from kvtune.operator.io.own_metrics import OperatorMetrics
+from kvtune.operator.io.sources import MetricsEndpoint
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
-from kvtune.operator.k8s.events import PolicyRef
+from kvtune.operator.k8s.events import FINDING_EVENTS, PolicyRef, finding_events
 from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
 from tests.operator.helpers import fixture_text, reply
 from tests.operator.kmock_world import (
     NS,
@@ -77,7 +87,7 @@ async def test_an_alternating_metrics_url_is_an_event_and_a_condition_and_no_pat
 
     def ticks() -> list[Any]:
         with KubeApi.from_environment() as api:
-            return [run_once(api, PolicyRef(NS, "llama", "uid-llama"), parsed, memory, time.time() + i)
+            return [run_once(api, PolicyTick(PolicyRef(NS, "llama", "uid-llama"), parsed, time.time() + i), memory)
                     for i in range(6)]  # fmt: skip
 
     outcomes = await asyncio.to_thread(ticks)
@@ -93,3 +103,61 @@ async def test_an_alternating_metrics_url_is_an_event_and_a_condition_and_no_pat
     assert ALTERNATING_HINT in condition["message"]
     assert ALTERNATING_HINT in status["note"]
     assert sum(1 for o in outcomes if o.evaluation.alternated) >= 4
+
+
+@contextmanager
+def alternating_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Alternating)
+    server.reads = 0  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.kmock(cls=OptimisticEmulator)
+@pytest.mark.timeout(60)
+async def test_the_cluster_and_local_report_the_same_findings(
+    kube: OptimisticEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 39: one recorded sequence (two pods answering in turn) through the cluster path (its Events)
+    and through --local (its log): the same findings, in the same words, each told once."""
+    add_deployment(kube, ["--max-num-seqs", "64"])
+    start = time.time()
+    with alternating_server() as url:
+        spec = policy_spec(url, "Apply")
+        add_policy(kube, spec)
+        parsed = KVTuningPolicySpec.model_validate(spec)
+        memory = PolicyMemory()
+
+        def cluster() -> None:
+            with KubeApi.from_environment() as api:
+                for i in range(6):
+                    run_once(api, PolicyTick(PolicyRef(NS, "llama", "uid-llama"), parsed, start + i), memory)
+
+        await asyncio.to_thread(cluster)
+    reasons = {p.reason for p in FINDING_EVENTS.values()} | {
+        p.ended[1] for p in FINDING_EVENTS.values() if p.ended
+    }
+    posted = [(e["reason"], e["message"]) for e in our_events(kube) if e["reason"] in reasons]
+    caplog.set_level(logging.INFO, logger="kvtune.operator")
+    with alternating_server() as url:
+        policy = parsed.to_policy()
+        recorder = LocalRecorder(OperatorMetrics(), url, policy)
+        actuator = KvtuneAdminActuator(url, "unused")
+        state, samples, found = (
+            TunerState(),
+            deque[Sample](maxlen=window_length(policy, float(parsed.interval_seconds))),
+            [],
+        )
+        for i in range(6):
+            tick = step(MetricsEndpoint(url), actuator, policy, state, samples, start + i)
+            found += recorder(tick)
+            state = tick.state
+    local = [(e.reason, e.message) for e in finding_events(found)]
+    assert posted and posted == local
+    logged = [r.getMessage() for r in caplog.records if r.name == "kvtune.operator"]
+    assert all(logged.count(message) == 1 for _, message in posted), logged

@@ -23,7 +23,7 @@ from kvtune.operator.k8s import kube_api
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import METADATA_ONLY, KubeApi
-from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
 from kvtune.operator.k8s.workload_actuator import read_flag, set_flag
 from tests.operator.kmock_world import (
     DEPLOYMENTS,
@@ -117,9 +117,9 @@ async def tick_twice(spec: dict[str, Any], memory: PolicyMemory) -> list[Any]:
 
     def run() -> list[Any]:
         with KubeApi.from_environment() as api:
-            first = run_once(api, ref, parsed, memory, time.time())
+            first = run_once(api, PolicyTick(ref, parsed, time.time()), memory)
             time.sleep(0.3)
-            return [first, run_once(api, ref, parsed, memory, time.time())]
+            return [first, run_once(api, PolicyTick(ref, parsed, time.time()), memory)]
 
     return await asyncio.to_thread(run)
 
@@ -218,8 +218,8 @@ async def test_a_tick_reads_the_secret_only_when_it_changed_and_the_knobs_once(
 
     def run(api: KubeApi, ticks: int) -> None:
         for _ in range(ticks):
-            outcome = run_once(api, ref, parsed, memory, time.time())
-            assert memory.actuator_error is None, outcome.status.note
+            outcome = run_once(api, PolicyTick(ref, parsed, time.time()), memory)
+            assert "actuator_unavailable" not in memory.tuning.on, outcome.status.note
 
     with KubeApi.from_environment() as api:
         await asyncio.to_thread(run, api, 3)

@@ -141,7 +141,7 @@ async def apply_then_undo(
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and lowered < 64
     assert status(kube)["original"] == {"maxNumSeqs": read_flag(args, "--max-num-seqs") or 0}
-    await ticks(spec, memory, 3, undo_request="2026-12-02")
+    await ticks(spec, memory, 3, undo="2026-12-02")
     return memory, lowered
 
 
@@ -191,7 +191,7 @@ async def test_undo_takes_out_a_flag_the_workload_never_set(
     await ticks(spec, memory, 3)
     assert read_flag(container_args(kube), "--max-num-seqs") is not None  # the operator added it
     assert status(kube)["original"] == {"maxNumSeqs": 0}  # 0: not set
-    await ticks(spec, memory, 2, undo_request="now")
+    await ticks(spec, memory, 2, undo="now")
     assert container_args(kube) == ["--model", "m"]
     assert status(kube)["undo"]["done"] is True
 

@@ -21,7 +21,7 @@ from kvtune.operator.io.own_metrics import OperatorMetrics
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.helpers import OPERATOR_SERIES, Series, parse_series, series_names, series_value
 from tests.operator.kmock_world import (
@@ -56,7 +56,9 @@ def ticks(spec: dict[str, Any], metrics: OperatorMetrics, count: int) -> None:
     memory = PolicyMemory()
     with KubeApi.from_environment() as api:
         for _ in range(count):
-            run_once(api, PolicyRef(NS, "llama", "uid-llama"), parsed, memory, time.time(), None, metrics)
+            run_once(
+                api, PolicyTick(PolicyRef(NS, "llama", "uid-llama"), parsed, time.time()), memory, metrics
+            )
             time.sleep(0.2)
 
 

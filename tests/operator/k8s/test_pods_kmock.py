@@ -131,7 +131,7 @@ async def test_a_pod_replaced_during_the_window_is_no_restart_and_gets_the_opera
     assert [(knob, to) for knob, to, result in replaced.tick.reapplied if result.ok] == [
         ("max_num_seqs", value)
     ]
-    window = Window.of(memory.samples)
+    window = Window.of(memory.tuning.samples)
     assert window.restarts() == 0
     counts = [sample.counters[m.PREEMPTIONS] for sample in window.samples]
     assert counts == sorted(counts) and counts[-1] - counts[-2] == 3  # the new pod's own work, no more

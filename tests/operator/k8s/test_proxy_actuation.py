@@ -23,7 +23,7 @@ from kvtune.cli import main
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, run_once
+from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, PolicyTick, run_once
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.helpers import fixture_text, reply, serve_bodies, vllm_asking_long
 from tests.operator.kmock_world import (
@@ -137,9 +137,9 @@ async def two_ticks(spec: dict[str, Any]) -> list[Outcome]:
 
     def run() -> list[Outcome]:
         with KubeApi.from_environment() as api:
-            first = run_once(api, ref, parsed, memory, time.time())
+            first = run_once(api, PolicyTick(ref, parsed, time.time()), memory)
             time.sleep(0.3)
-            return [first, run_once(api, ref, parsed, memory, time.time())]
+            return [first, run_once(api, PolicyTick(ref, parsed, time.time()), memory)]
 
     return await asyncio.to_thread(run)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kvtune.operator.decide.memory import TickMemory
 from kvtune.operator.decide.restart_budget import BUDGET_SPENT, OUTSIDE_WINDOW, WITHIN_BUDGET
 from kvtune.operator.decide.tuner import TunerState
 from kvtune.operator.k8s.reconcile import PolicyMemory
@@ -61,7 +62,7 @@ async def test_a_change_the_budget_does_not_allow_is_held_and_said(
     spec = budgeted(metrics_url, budget)
     add_policy(kube, spec)
     earlier = time.time() - 600  # a restart ten minutes ago, as a previous run left it in status
-    memory = PolicyMemory(state=TunerState(restarts=(earlier,) if spent else ()))
+    memory = PolicyMemory(TickMemory(state=TunerState(restarts=(earlier,) if spent else ())))
     outcomes = await ticks(spec, memory, 2)
     assert outcomes[-1].tick.held is not None and not outcomes[-1].tick.applied
     assert container_args(kube) == ["--max-num-seqs", "64"]  # no restart
