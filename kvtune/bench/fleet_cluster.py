@@ -145,6 +145,7 @@ class FleetShape:
     source: str = (
         "pods"  # "pods": each pod's /metrics; "prometheus": a Prometheus 3 scraping them (a PodMonitor)
     )
+    workers: int | None = None  # the chart's `workers` (evaluations at once); None: the chart's default
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,8 @@ def fleet_on_cluster(e2e: Any, network_module: Any, folder: Path, shape: FleetSh
                        "--set-json", f"monitoring.podMonitor.selector={json.dumps(selector)}") if monitored else ()  # fmt: skip
         cluster.helm("install", RELEASE, str(e2e.CHART), "--namespace", SYSTEM, "--create-namespace",
                      "--set", f"image.repository={e2e.REGISTRY}/kvtune-operator",
-                     "--set-json", f"watchNamespaces={json.dumps(list(plan.namespaces))}", *pod_monitor)  # fmt: skip
+                     "--set-json", f"watchNamespaces={json.dumps(list(plan.namespaces))}", *pod_monitor,
+                     *(("--set", f"workers={shape.workers}") if shape.workers else ()))  # fmt: skip
         workloads(e2e, cluster.api, plan)
         replay = start_replay(network, plan, shape.recordings, shape.versions, folder)
         try:
