@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="docs/examples/NAME.prom the pods replay, dealt to the policies in turn")  # fmt: skip
     parser.add_argument("--workers", type=int, default=None,
                         help="the chart's `workers`, evaluations at once (default: the chart's, 16)")  # fmt: skip
+    parser.add_argument("--keep-read-series", action="store_true",
+                        help="with --source prometheus: the PodMonitor keeps only the series the operator reads, "
+                        "so that Prometheus fits beside the control plane on a small box")  # fmt: skip
     parser.add_argument("--operator-cpus", default="1",
                         help="the CPUs the operator may run on (taskset -c; default 1: one core, the issue's "
                         "bound); 'all' leaves it unpinned")  # fmt: skip
@@ -161,7 +164,7 @@ def one_run(size: int, args: argparse.Namespace, recordings: dict[str, Path]) ->
     print(f"fleet of {size} policies: control plane, chart, fleet and operator in {folder}", flush=True)
     versions = {name: VERSIONS[name] for name in recordings if name in VERSIONS}
     shape = FleetShape(size, args.pods_per_policy, args.policies_per_namespace, args.interval, recordings,
-                       versions, args.source, args.workers)  # fmt: skip
+                       versions, args.source, args.workers, args.keep_read_series)  # fmt: skip
     with fleet_on_cluster(e2e, network_module, folder, shape) as world:
         plan, cluster = world.fleet, world.cluster
         print(f"fleet of {size}: {plan.pods} pods in {len(plan.namespaces)} namespaces, made in "
@@ -253,7 +256,7 @@ def format_section(args: argparse.Namespace, rows: list[FleetFigures], machine: 
     method = (
         f"`kvtune bench fleet --source {args.source} --policies {args.policies} --pods-per-policy {args.pods_per_policy} "
         f"--policies-per-namespace {args.policies_per_namespace} --interval {args.interval} --window "
-        f"{args.window:g} --warmup {args.warmup:g} --operator-cpus {args.operator_cpus}{' --workers ' + str(args.workers) if args.workers else ''}` at {revision}, on {machine}, shared by everything below. Each size on a fresh local "
+        f"{args.window:g} --warmup {args.warmup:g} --operator-cpus {args.operator_cpus}{' --workers ' + str(args.workers) if args.workers else ''}{' --keep-read-series' if args.keep_read_series else ''}` at {revision}, on {machine}, shared by everything below. Each size on a fresh local "
         "control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), the chart installed "
         "watching the fleet's namespaces, and the operator run as a process with the chart's args (its default "
         "client-side limit: 20 requests/s, bursts of 30; 16 evaluations at once) and a token of "

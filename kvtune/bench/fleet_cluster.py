@@ -134,6 +134,18 @@ def start_replay(
     return server
 
 
+def keep_only_read_series(cluster: Any) -> None:
+    """Drop at scrape every series the operator does not read (a keep relabelling on the chart's
+    PodMonitor): the Prometheus beside the control plane on a 2-core box then holds 5,000 pods, as a
+    cluster's Prometheus on nodes of its own would."""
+    from kvtune.operator.io.sources import READ_NAMES
+
+    keep = [{"sourceLabels": ["__name__"], "regex": READ_NAMES, "action": "keep"}]
+    patch = [{"op": "add", "path": "/spec/podMetricsEndpoints/0/metricRelabelings", "value": keep}]
+    cluster.kubectl("patch", "podmonitor", f"{RELEASE}-engines", "-n", SYSTEM, "--type", "json",
+                    "-p", json.dumps(patch))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class FleetShape:
     policies: int
@@ -146,6 +158,7 @@ class FleetShape:
         "pods"  # "pods": each pod's /metrics; "prometheus": a Prometheus 3 scraping them (a PodMonitor)
     )
     workers: int | None = None  # the chart's `workers` (evaluations at once); None: the chart's default
+    keep_read_series: bool = False  # the PodMonitor keeps only the series the operator reads
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,8 @@ def fleet_on_cluster(e2e: Any, network_module: Any, folder: Path, shape: FleetSh
                      "--set", f"image.repository={e2e.REGISTRY}/kvtune-operator",
                      "--set-json", f"watchNamespaces={json.dumps(list(plan.namespaces))}", *pod_monitor,
                      *(("--set", f"workers={shape.workers}") if shape.workers else ()))  # fmt: skip
+        if monitored and shape.keep_read_series:
+            keep_only_read_series(cluster)
         workloads(e2e, cluster.api, plan)
         replay = start_replay(network, plan, shape.recordings, shape.versions, folder)
         try:
