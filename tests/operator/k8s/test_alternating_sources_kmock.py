@@ -62,14 +62,22 @@ class Alternating(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def service_url() -> Iterator[str]:
+@contextmanager
+def alternating_server() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Alternating)
     server.reads = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def service_url() -> Iterator[str]:
+    with alternating_server() as url:
+        yield url
 
 
 @pytest.mark.asyncio
@@ -103,18 +111,6 @@ async def test_an_alternating_metrics_url_is_an_event_and_a_condition_and_no_pat
     assert ALTERNATING_HINT in condition["message"]
     assert ALTERNATING_HINT in status["note"]
     assert sum(1 for o in outcomes if o.evaluation.alternated) >= 4
-
-
-@contextmanager
-def alternating_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Alternating)
-    server.reads = 0  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.asyncio
