@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from kvtune.contract.admin import CAP_HEADER
-from kvtune.engine.http.request_max_tokens import MaxTokensOverCapError, choose_max_tokens
+from kvtune.engine.http.serving import MaxTokensOverCapError, choose_max_tokens
 from tests.server.live_server import ADMIN_TOKEN, LiveServer, Samples, scrape
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -6,7 +6,8 @@ engine's own `add_request` (a ValueError there becomes a 400), so a bad request 
 A client that goes away is noticed (the stream is cancelled, or the disconnect watcher fires for a plain
 request) and its request aborted, which frees its blocks.
 
-The max_tokens cap is decided here, the only place that does (see request_max_tokens): a clamped or
+The max_tokens a request runs with is decided here (`choose_max_tokens`: the cap of
+`front.max_tokens_cap`, which the proxy applies too, plus the room the context leaves): a clamped or
 defaulted request carries the cap header on its JSON or streamed response, a rejected one gets a 400, and
 each is counted once, under its mode, when the engine accepts it (a rejection when it is refused).
 """
@@ -18,20 +19,22 @@ import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from kvtune.contract.admin import CAP_HEADER
+from kvtune.contract.knobs import CapMode
 from kvtune.engine.http.openai_logprobs import LogprobsFormatter
-from kvtune.engine.http.request_max_tokens import CapDecision, MaxTokensOverCapError, choose_max_tokens
 from kvtune.engine.http.streaming import ChoiceTexts, unless_disconnected
 from kvtune.engine.loop.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
 from kvtune.engine.loop.thread import AsyncEngine, RequestStream
 from kvtune.errors import KvtuneError
 from kvtune.front.body import read_json
 from kvtune.front.errors import ApiError, describe_validation_error, echoed
-from kvtune.front.max_tokens_cap import OVER_CAP_CODE
+from kvtune.front.max_tokens_cap import OVER_CAP_CODE, apply_max_tokens_cap
 from kvtune.front.text.prompt_chars import prompt_char_limit
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,41 @@ async def parse_body(request: Request, model: type[M]) -> M:
         return model.model_validate(data)
     except ValidationError as err:
         raise describe_validation_error(err.errors()) from None
+
+
+@dataclass(frozen=True)
+class RequestMaxTokens:
+    """What to run with, how to count it, and the header that tells the client (empty when untouched)."""
+
+    max_tokens: int
+    counted_as: str | None
+    headers: dict[str, str]
+
+
+class MaxTokensOverCapError(Exception):
+    """The cap is in `reject` mode and the request asked for more: the client's 400."""
+
+    def __init__(self, message: str, counted_as: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.counted_as = counted_as
+
+
+def choose_max_tokens(
+    requested: int | None, prompt_len: int, max_model_len: int, cap: int | None, mode: CapMode
+) -> RequestMaxTokens:
+    """The request's max_tokens under the cap, within the room the prompt leaves (`requested` None: the
+    room, as in vLLM, or the cap where lower); raises MaxTokensOverCapError when the cap refuses it."""
+    decision = apply_max_tokens_cap(requested, cap, mode)
+    if decision.error is not None:
+        raise MaxTokensOverCapError(decision.error, decision.counted_as or "reject")
+    room = max(1, max_model_len - prompt_len)
+    if requested is None:
+        max_tokens = room if decision.max_tokens is None else min(decision.max_tokens, room)
+    else:
+        max_tokens = requested if decision.max_tokens is None else decision.max_tokens
+    headers = {CAP_HEADER: decision.header} if decision.header is not None else {}
+    return RequestMaxTokens(max_tokens, decision.counted_as, headers)
 
 
 class OpenAIServing:
@@ -105,7 +143,7 @@ class OpenAIServing:
         if counted_as is not None and self.on_capped is not None:
             self.on_capped(counted_as)
 
-    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> CapDecision:
+    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> RequestMaxTokens:
         """The request's max_tokens under the live cap (None asked: up to the context length, as in vLLM).
         The engine replaces its CapSetting whole, so this one read sees a consistent cap and mode."""
         setting = self.async_engine.engine.cap_setting
@@ -123,7 +161,7 @@ class OpenAIServing:
         return value[:MAX_PREFIX_KEY_CHARS] or None
 
     async def start(
-        self, prefix: str, prompt_ids: list[int], body: Any, cap: CapDecision, request: Request
+        self, prefix: str, prompt_ids: list[int], body: Any, cap: RequestMaxTokens, request: Request
     ) -> RequestStream:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:

@@ -15,9 +15,8 @@ import torch
 
 from kvtune.core import Request, RequestStatus, Sampled, Scheduler, SchedulerStep
 from kvtune.core.request import FinishReason
-from kvtune.engine.loop.detokenize import Decoder
+from kvtune.engine.loop.detokenize import Decoder, StopChecker
 from kvtune.engine.loop.errors import ERROR_FINISH_REASON
-from kvtune.engine.loop.stops import StopChecker
 from kvtune.engine.model.logprobs import TokenLogprobs
 from kvtune.engine.model.sampling import SamplingParams
 

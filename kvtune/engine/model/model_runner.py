@@ -169,5 +169,7 @@ class ModelRunner:
             None if isinstance(token, Exception) else p.logprobs
             for token, p in zip(tokens, params, strict=True)
         ]
+        if all(count is None for count in wanted):  # the usual step: nobody asked, nothing to compute
+            return tokens, [None] * len(tokens)
         sampled = [0 if isinstance(token, Exception) else token for token in tokens]
         return tokens, sampled_logprobs(row_logits, sampled, wanted)
