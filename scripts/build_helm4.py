@@ -11,30 +11,22 @@ usage: python scripts/build_helm4.py
 
 from __future__ import annotations
 
-import os
-import shutil
+import shutil  # noqa: F401  (tests/chart/test_build_helm4.py takes `go` away through this module's shutil.which)
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+try:
+    import pinned_tools  # run as a script: scripts/ is on sys.path
+except ImportError:  # loaded by path, with the repository root on sys.path
+    from scripts import pinned_tools
 
 VERSION = "v4.3.2"
 MODULE = "helm.sh/helm/v4"
 LDFLAGS = (
     f"-s -w -X {MODULE}/internal/version.version={VERSION} -X {MODULE}/internal/version.gitTreeState=clean"
 )
-
-
-class BuildError(Exception):
-    """Why helm 4 could not be built, printed as one line (and go's last lines)."""
-
-
-def helm4_dir() -> Path:
-    override = os.environ.get("KVTUNE_HELM4_DIR")
-    if override:
-        return Path(override)
-    return Path.home() / ".cache" / "kvtune" / "helm" / VERSION
+BuildError = pinned_tools.BuildError
 
 
 def built_version(helm: Path) -> str | None:
@@ -48,55 +40,20 @@ def built_version(helm: Path) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def build(dest: Path) -> float | None:
-    """Build helm into `dest` unless the pinned one is there; the seconds it took, or None if it was."""
-    helm = dest / "helm"
-    if built_version(helm) == VERSION:
-        return None
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError(f"`go` (1.26 or newer) is not on PATH: it builds {MODULE}@{VERSION}")
-    dest.mkdir(parents=True, exist_ok=True)
-    print(
-        f"building helm {VERSION} ({MODULE}) from the Go module proxy into {dest}: once per machine, ~3 min on 2 cores",
-        flush=True,
-    )
-    began = time.monotonic()
-    # Built into a folder beside the cache and renamed into it, so an interrupted build leaves no half binary.
-    with tempfile.TemporaryDirectory(prefix=".partial-", dir=dest) as partial:
-        done = subprocess.run(
-            [go, "install", "-trimpath", "-ldflags", LDFLAGS, f"{MODULE}/cmd/helm@{VERSION}"],
-            cwd=partial,
-            env={**os.environ, "CGO_ENABLED": "0", "GOBIN": partial},
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
-            raise BuildError(f"`go install {MODULE}/cmd/helm@{VERSION}` failed:\n{tail}")
-        os.replace(Path(partial) / "helm", helm)
-    reported = built_version(helm)
-    if reported != VERSION:
-        raise BuildError(f"{helm} was built but `helm version` says {reported!r}, not {VERSION}")
-    return time.monotonic() - began
-
-
-def main(argv: list[str]) -> int:
-    if argv:
-        print("usage: python scripts/build_helm4.py", file=sys.stderr)
-        return 2
-    dest = helm4_dir()
-    try:
-        took = build(dest)
-    except (BuildError, OSError) as err:
-        print(f"error: cannot build helm {VERSION} into {dest}: {err}", file=sys.stderr)
-        return 1
-    if took is None:
-        print(f"helm {VERSION} already built: {dest / 'helm'}")
-    else:
-        print(f"built helm {VERSION} in {took:.0f} s: {dest / 'helm'}")
-    return 0
-
+HELM4 = pinned_tools.GoTool(
+    "build_helm4.py",
+    "helm",
+    MODULE,
+    VERSION,
+    LDFLAGS,
+    "KVTUNE_HELM4_DIR",
+    built_version,
+    label=f"helm {VERSION} ({MODULE})",
+    duration=", ~3 min on 2 cores",
+)
+helm4_dir = HELM4.cache
+build = HELM4.build
+main = HELM4.main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

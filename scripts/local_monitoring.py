@@ -456,19 +456,16 @@ def _yaml(text: str) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    usage = "usage: python scripts/local_monitoring.py build | reload DIR"
-    try:
+    def run() -> bool:
         if argv == ["build"]:
             print(f"monitoring binaries ready in {build()}")
-            return 0
+            return True
         if len(argv) == 2 and argv[0] == "reload":
             Reloader(Path(argv[1]).resolve()).run()
-            return 0
-    except lc.ClusterError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(usage, file=sys.stderr)
-    return 2
+            return True
+        return False
+
+    return lc.cli("usage: python scripts/local_monitoring.py build | reload DIR", run)
 
 
 if __name__ == "__main__":
