@@ -4,33 +4,36 @@ EndpointSlices. The plain builders they use live in kmock_world.py and pods_worl
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import kmock
 import pytest
 
+from tests.operator.helpers import local_url, serving
 from tests.operator.kmock_world import NS, MetricsHandler, OptimisticEmulator
 from tests.operator.pods_world import SLICES, Workload, free_port
 
 
 @pytest.fixture
 def metrics_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
-    server.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
-    server.admin_tokens = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]
+    with serving(MetricsHandler, files=files, admin_tokens=[]) as server:
+        yield server
 
 
 @pytest.fixture
 def metrics_url(metrics_server: ThreadingHTTPServer) -> str:
-    return f"http://127.0.0.1:{metrics_server.server_address[1]}"
+    return local_url(metrics_server)
+
+
+@pytest.fixture
+def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
+    """Every operator test's emulator keeps the API server's optimistic concurrency (OptimisticEmulator), so
+    no test need name it in a kmock marker."""
+    return {**kmock_options, "cls": OptimisticEmulator}
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Builders for recorded and synthetic metric windows."""
+"""Builders for recorded and synthetic metric windows, and the stub HTTP servers that answer them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import json
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -103,25 +105,44 @@ def kvtune_engine(max_num_seqs: int = 64, cap: int | None = None) -> EngineView:
     )
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A stub server's handler that logs nothing: a test's output stays the test's."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+ServerT = TypeVar("ServerT", bound=ThreadingHTTPServer)
+
+
+@contextmanager
+def running(server: ServerT) -> Iterator[ServerT]:
+    """Serve `server` from a daemon thread; shut down and closed on the way out."""
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], **state: Any) -> Iterator[ThreadingHTTPServer]:
+    """A stub server on a free loopback port, with `state` set on it for its handler to read and record."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    for name, value in state.items():
+        setattr(server, name, value)
+    with running(server):
+        yield server
+
+
+def local_url(server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def serve_bodies(bodies: list[str]) -> Iterator[str]:
     """A /metrics endpoint answering `bodies` in order (the last one from then on); yields its base URL."""
-    remaining = list(bodies)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = remaining.pop(0) if len(remaining) > 1 else remaining[0]
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    yield from serve_routes({}, [metrics_answer(body) for body in bodies])
 
 
 def reply(handler: BaseHTTPRequestHandler, status: int, content_type: str, body: bytes) -> None:
@@ -136,28 +157,70 @@ def reply(handler: BaseHTTPRequestHandler, status: int, content_type: str, body:
 Answer = tuple[int, str, str]  # status, content type, body
 
 
-def serve_routes(routes: dict[str, list[Answer]]) -> Iterator[str]:
-    """A stub server answering each path with its answers in order (the last one from then on), 404 for
-    any other path; yields its base URL. For a server that has several endpoints (a kvtune engine's
-    /metrics beside its /kvtune/prefix-report, a Prometheus API)."""
+def serve_routes(routes: dict[str, list[Answer]], others: list[Answer] | None = None) -> Iterator[str]:
+    """A stub server answering each path with its answers in order (the last one from then on), any other
+    path with `others` likewise, or 404; yields its base URL. For a server that has several endpoints (a
+    kvtune engine's /metrics beside its /kvtune/prefix-report, a Prometheus API)."""
     remaining = {path: list(answers) for path, answers in routes.items()}
+    fallback = list(others or [])
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
-            answers = remaining.get(self.path.split("?", 1)[0])
+            answers = remaining.get(self.path.split("?", 1)[0], fallback)
             if not answers:
                 reply(self, 404, "application/json", b'{"detail": "Not Found"}')
                 return
             status, content_type, body = answers.pop(0) if len(answers) > 1 else answers[0]
             reply(self, status, content_type, body.encode())
 
-        def log_message(self, *args: object) -> None:
-            pass
+    with serving(Handler) as server:
+        yield local_url(server)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+
+class ProxyServer(ThreadingHTTPServer):
+    """A kvtune proxy stand-in: its /metrics answers the recorded prefix defeats (t0, then t1 from then on),
+    its admin API `GET/PATCH /admin/config` ({max_tokens_cap, cap_mode}) wants the bearer `token` and
+    records every PATCH it accepts. Shared by the one-proxy and the proxy-per-pod tests."""
+
+    def __init__(self, token: str, cap: int | None, address: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((address, port), ProxyHandler)
+        self.token = token
+        self.scrapes = 0
+        self.config: dict[str, Any] = {"max_tokens_cap": cap, "cap_mode": "clamp"}
+        self.patches: list[dict[str, Any]] = []
+
+
+class ProxyHandler(QuietHandler):
+    server: ProxyServer
+
+    def _authorized(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {self.server.token}":
+            return True
+        reply(self, 401, "application/json", b'{"error": {"message": "bad token"}}')
+        return False
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            moment = "t0" if self.server.scrapes == 0 else "t1"
+            self.server.scrapes += 1
+            reply(
+                self, 200, "text/plain; version=0.0.4", fixture_text(f"proxy_defeats_{moment}.prom").encode()
+            )
+        elif self.path == "/admin/config" and self._authorized():
+            reply(self, 200, "application/json", json.dumps(self.server.config).encode())
+        elif self.path != "/admin/config":
+            reply(self, 404, "application/json", b"{}")
+
+    def do_PATCH(self) -> None:
+        if self.path != "/admin/config" or not self._authorized():
+            return
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if not set(body) <= {"max_tokens_cap", "cap_mode"}:
+            reply(self, 400, "application/json", b'{"error": {"message": "unknown field"}}')
+            return
+        self.server.patches.append(body)
+        self.server.config.update(body)
+        reply(self, 200, "application/json", json.dumps(self.server.config).encode())
 
 
 def metrics_answer(text: str) -> Answer:
@@ -175,6 +238,11 @@ def kvtune_with_detector(moment: str) -> str:
     return fixture_text(f"kvtune_preempting_{moment}.prom") + defeat_families(
         fixture_text(f"proxy_defeats_{moment}.prom")
     )
+
+
+# The cap the ladder sets on vllm_asking_long's traffic: generation p99 ~199 x 1.25, rounded up to 250,
+# then the policy's floor of 256.
+ASKING_LONG_CAP = 256
 
 
 def vllm_asking_long(moment: str) -> str:

@@ -1,29 +1,20 @@
-"""Pods behind EndpointSlices for the emulator: a workload of local engines answering per-pod metrics,
-the policy spec that reads them, and the tick and Event-reason helpers those tests share."""
+"""Pods behind EndpointSlices for the emulator: a workload of local engines answering per-pod metrics, and
+the policy spec that reads them."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
+from typing import Any, Generic, Protocol, TypeVar
 
 import kmock
 
-from kvtune.operator.k8s.crd import KVTuningPolicySpec
-from kvtune.operator.k8s.events import PolicyRef
-from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import Outcome, PolicyMemory, PolicyTick, run_once
-from tests.operator.helpers import fixture_text, reply
-from tests.operator.kmock_world import (
-    NS,
-    OptimisticEmulator,
-    our_events,
-)
+from tests.operator.helpers import QuietHandler, fixture_text, reply
+from tests.operator.kmock_world import NS, OptimisticEmulator, fast_policy
 
 SLICES = kmock.resource("discovery.k8s.io/v1/endpointslices")
 
@@ -55,8 +46,12 @@ class PodEngine(ThreadingHTTPServer):
         text = MAX_NUM_SEQS_LINE.sub(lambda found: f"{found.group(1)} {self.knobs['max_num_seqs']}", text)
         return text + f"process_start_time_seconds {self.started}\n"
 
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
 
-class PodHandler(BaseHTTPRequestHandler):
+
+class PodHandler(QuietHandler):
     server: PodEngine
 
     def do_GET(self) -> None:
@@ -70,9 +65,6 @@ class PodHandler(BaseHTTPRequestHandler):
         self.server.patches.append(body)
         self.server.knobs.update(body)
         reply(self, 200, "application/json", json.dumps(self.server.knobs).encode())
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def free_port(addresses: list[str]) -> int:
@@ -96,27 +88,35 @@ def free_port(addresses: list[str]) -> int:
     raise RuntimeError("no port free on every loopback address")
 
 
-class Workload:
-    """The pods of one Service: their engines, and the EndpointSlice that lists them in kmock."""
+class Pod(Protocol):
+    def close(self) -> None: ...
 
-    def __init__(self, emulator: OptimisticEmulator, port: int) -> None:
+
+PodT = TypeVar("PodT", bound=Pod)
+
+
+class Pods(Generic[PodT]):
+    """The pods of Service `llama`, and the EndpointSlice that lists them, ready, in kmock: what a replaced
+    pod changes. A subclass starts its kind of pod and names the ports the slice lists."""
+
+    def __init__(self, emulator: OptimisticEmulator) -> None:
         self.kube = emulator
-        self.port = port
-        self.pods: dict[str, PodEngine] = {}
+        self.pods: dict[str, PodT] = {}
         self.addresses: dict[str, str] = {}
 
-    def start(self, name: str, address: str, preemptions: list[float]) -> PodEngine:
-        self.pods[name] = PodEngine(address, self.port, preemptions)
+    def add(self, name: str, address: str, pod: PodT) -> PodT:
+        self.pods[name] = pod
         self.addresses[name] = address
         self.publish()
-        return self.pods[name]
+        return pod
 
     def stop(self, name: str) -> None:
-        engine = self.pods.pop(name)
+        self.pods.pop(name).close()
         del self.addresses[name]
-        engine.shutdown()
-        engine.server_close()
         self.publish()
+
+    def ports(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
 
     def publish(self) -> None:
         self.kube.objects[SLICES, NS, "llama-abcde"] = {
@@ -125,7 +125,7 @@ class Workload:
             "metadata": {"name": "llama-abcde", "namespace": NS,
                          "labels": {"kubernetes.io/service-name": "llama"}},
             "addressType": "IPv4",
-            "ports": [{"name": "http", "port": self.port, "protocol": "TCP"}],
+            "ports": self.ports(),
             "endpoints": [
                 {"addresses": [address], "conditions": {"ready": True},
                  "targetRef": {"kind": "Pod", "name": name, "namespace": NS}}
@@ -138,38 +138,21 @@ class Workload:
             self.stop(name)
 
 
+class Workload(Pods[PodEngine]):
+    """A kvtune engine's pods, each one engine on one port."""
+
+    def __init__(self, emulator: OptimisticEmulator, port: int) -> None:
+        super().__init__(emulator)
+        self.port = port
+
+    def start(self, name: str, address: str, preemptions: list[float]) -> PodEngine:
+        return self.add(name, address, PodEngine(address, self.port, preemptions))
+
+    def ports(self) -> list[dict[str, Any]]:
+        return [{"name": "http", "port": self.port, "protocol": "TCP"}]
+
+
 def kvtune_spec(port: int, mode: str = "Apply") -> dict[str, Any]:
-    return {
-        "target": {
-            "name": "llama",
-            "engine": "kvtune",
-            "adminTokenSecretRef": {"name": "llama-admin"},
-            "podEndpoints": {"service": "llama", "metricsPort": port},
-        },
-        "mode": mode,
-        "bounds": {"minMaxNumSeqs": 2, "maxMaxNumSeqs": 256},
-        "intervalSeconds": 1,
-        "evaluationWindowSeconds": 30,
-        "cooldownSeconds": 0,
-        "prediction": False,  # the ladder's first action on a two-sample window (the predicted move needs 5 s)
-    }
-
-
-async def ticks(spec: dict[str, Any], memory: PolicyMemory, count: int) -> list[Outcome]:
-    parsed = KVTuningPolicySpec.model_validate(spec)
-    ref = PolicyRef(NS, "llama", "uid-llama")
-
-    def run() -> list[Outcome]:
-        outcomes = []
-        with KubeApi.from_environment() as api:
-            for index in range(count):
-                if index:
-                    time.sleep(0.3)
-                outcomes.append(run_once(api, PolicyTick(ref, parsed, time.time()), memory))
-        return outcomes
-
-    return await asyncio.to_thread(run)
-
-
-def reasons(kube: OptimisticEmulator) -> list[str]:
-    return [event["reason"] for event in our_events(kube)]
+    target = {"name": "llama", "engine": "kvtune", "adminTokenSecretRef": {"name": "llama-admin"},
+              "podEndpoints": {"service": "llama", "metricsPort": port}}  # fmt: skip
+    return fast_policy(target, mode)

@@ -10,11 +10,7 @@ import kmock
 
 from tests.operator.api_calls import ApiCall
 from tests.operator.helpers import reply
-from tests.operator.kmock_world import (
-    NS,
-    MetricsHandler,
-    OptimisticEmulator,
-)
+from tests.operator.kmock_world import NS, MetricsHandler, OptimisticEmulator, fast_policy
 
 PEERING = "kvtune"
 
@@ -56,16 +52,8 @@ class VllmHandler(MetricsHandler):
 
 
 def vllm_policy(kind: str, name: str, engine_url: str) -> dict[str, Any]:
-    return {
-        "target": {"kind": kind, "name": name, "container": "vllm", "engine": "vllm"},
-        "metrics": {"metricsUrl": f"{engine_url}/metrics"},
-        "mode": "Apply",
-        "bounds": {"minMaxNumSeqs": 2, "maxMaxNumSeqs": 256},
-        "intervalSeconds": 1,
-        "evaluationWindowSeconds": 30,
-        "cooldownSeconds": 0,
-        "prediction": False,  # the ladder's first action on a two-sample window (the predicted move needs 5 s)
-    }
+    target = {"kind": kind, "name": name, "container": "vllm", "engine": "vllm"}
+    return fast_policy(target, metrics={"metricsUrl": f"{engine_url}/metrics"})
 
 
 def add_peering(cluster: OptimisticEmulator, clusterwide: bool) -> None:

@@ -7,10 +7,9 @@ retried by the client."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -21,7 +20,7 @@ from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.operator.decide.freshness import Freshness
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
-from tests.operator.helpers import reply
+from tests.operator.helpers import QuietHandler, reply, serving
 
 
 class Clock:
@@ -117,7 +116,7 @@ def test_without_a_freshness_bound_the_patch_is_unbounded() -> None:
     assert [deadline for _, deadline in api.patches] == [None]
 
 
-class ApiServer(BaseHTTPRequestHandler):
+class ApiServer(QuietHandler):
     """Answers each PATCH with the next status of `server.answers` (then 200 and a Deployment); records the
     path and query of each."""
 
@@ -130,19 +129,11 @@ class ApiServer(BaseHTTPRequestHandler):
                                                      "message": "request did not complete within 900ms"}  # fmt: skip
         reply(self, status, "application/json", json.dumps(body).encode())
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ApiServer)
-    httpd.seen = []  # type: ignore[attr-defined]
-    httpd.answers = []  # type: ignore[attr-defined]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(ApiServer, seen=[], answers=[]) as httpd:
+        yield httpd
 
 
 def kube_api(server: ThreadingHTTPServer) -> KubeApi:

@@ -4,14 +4,11 @@ of the Deployment, while a status is still written every tick."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -25,21 +22,23 @@ from kvtune.operator.io.local_metrics import LocalRecorder
 from kvtune.operator.io.own_metrics import OperatorMetrics
 from kvtune.operator.io.sources import MetricsEndpoint
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
-from kvtune.operator.k8s.events import FINDING_EVENTS, PolicyRef, finding_events
-from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
-from tests.operator.helpers import fixture_text, reply
+from kvtune.operator.k8s.events import FINDING_EVENTS, finding_events
+from kvtune.operator.k8s.reconcile import PolicyMemory
+from tests.operator.helpers import QuietHandler, fixture_text, local_url, reply, serving
 from tests.operator.kmock_world import (
-    NS,
-    POLICIES,
     OptimisticEmulator,
     add_deployment,
+    add_deployment_and_policy,
     add_policy,
     container_args,
     our_events,
     policy_spec,
+    policy_status,
     status_writes,
+    ticks,
 )
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
 # Two pods' /metrics: a busy one long up, and one started later with fewer preemptions.
 PODS = [
@@ -48,7 +47,7 @@ PODS = [
 ]
 
 
-class Alternating(BaseHTTPRequestHandler):
+class Alternating(QuietHandler):
     def do_GET(self) -> None:
         server: Any = self.server
         if self.path != "/metrics":
@@ -58,20 +57,11 @@ class Alternating(BaseHTTPRequestHandler):
         server.reads += 1
         reply(self, 200, "text/plain; version=0.0.4", body.encode())
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @contextmanager
 def alternating_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Alternating)
-    server.reads = 0  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Alternating, reads=0) as server:
+        yield local_url(server)
 
 
 @pytest.fixture
@@ -80,32 +70,19 @@ def service_url() -> Iterator[str]:
         yield url
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(60)
 async def test_an_alternating_metrics_url_is_an_event_and_a_condition_and_no_patch(
     kube: OptimisticEmulator,
     service_url: str,
 ) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = policy_spec(service_url, "Apply")
-    add_policy(kube, spec)
-    parsed = KVTuningPolicySpec.model_validate(spec)
-    memory = PolicyMemory()
-
-    def ticks() -> list[Any]:
-        with KubeApi.from_environment() as api:
-            return [run_once(api, PolicyTick(PolicyRef(NS, "llama", "uid-llama"), parsed, time.time() + i), memory)
-                    for i in range(6)]  # fmt: skip
-
-    outcomes = await asyncio.to_thread(ticks)
+    spec = add_deployment_and_policy(kube, ["--max-num-seqs", "64"], policy_spec(service_url, "Apply"))
+    outcomes = await ticks(spec, PolicyMemory(), 6, start=time.time())
     assert container_args(kube) == ["--max-num-seqs", "64"], "nothing is patched on flips between pods"
     assert not any(o.tick.applied for o in outcomes)
     assert len(status_writes(kube)) == 6
     alternating = [e for e in our_events(kube) if e["reason"] == "MetricsSourceAlternating"]
     assert len(alternating) == 1, "one Event when it starts, not one per flip"
     assert alternating[0]["type"] == "Warning" and ALTERNATING_HINT in alternating[0]["message"]
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     (condition,) = [c for c in status["conditions"] if c["type"] == "SourceAlternating"]
     assert (condition["status"], condition["reason"]) == ("True", "AlternatingSource")
     assert ALTERNATING_HINT in condition["message"]
@@ -113,9 +90,6 @@ async def test_an_alternating_metrics_url_is_an_event_and_a_condition_and_no_pat
     assert sum(1 for o in outcomes if o.evaluation.alternated) >= 4
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(60)
 async def test_the_cluster_and_local_report_the_same_findings(
     kube: OptimisticEmulator, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -126,21 +100,14 @@ async def test_the_cluster_and_local_report_the_same_findings(
     with alternating_server() as url:
         spec = policy_spec(url, "Apply")
         add_policy(kube, spec)
-        parsed = KVTuningPolicySpec.model_validate(spec)
-        memory = PolicyMemory()
-
-        def cluster() -> None:
-            with KubeApi.from_environment() as api:
-                for i in range(6):
-                    run_once(api, PolicyTick(PolicyRef(NS, "llama", "uid-llama"), parsed, start + i), memory)
-
-        await asyncio.to_thread(cluster)
+        await ticks(spec, PolicyMemory(), 6, start=start)
     reasons = {p.reason for p in FINDING_EVENTS.values()} | {
         p.ended[1] for p in FINDING_EVENTS.values() if p.ended
     }
     posted = [(e["reason"], e["message"]) for e in our_events(kube) if e["reason"] in reasons]
     caplog.set_level(logging.INFO, logger="kvtune.operator")
     with alternating_server() as url:
+        parsed = KVTuningPolicySpec.model_validate(spec)
         policy = parsed.to_policy()
         recorder = LocalRecorder(OperatorMetrics(), url, policy)
         actuator = KvtuneAdminActuator(url, "unused")

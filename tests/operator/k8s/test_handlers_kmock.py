@@ -8,38 +8,40 @@ only when it changed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 import kmock
-import kopf
 import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
 from kvtune.operator.decide.status import CONDITION_TYPES
 from kvtune.operator.k8s import kube_api
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
-from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.kube_api import METADATA_ONLY, KubeApi
 from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
 from kvtune.operator.k8s.workload_actuator import read_flag, set_flag
 from tests.operator.kmock_world import (
     DEPLOYMENTS,
+    LLAMA_ARGS,
     NS,
-    POLICIES,
+    REF,
     SECRETS,
     OptimisticEmulator,
     add_admin_secret,
-    add_deployment,
+    add_deployment_and_policy,
     add_policy,
     conditions,
     container_args,
+    kopf_running,
+    kvtune_admin_spec,
     our_events,
     ours,
     policy_spec,
+    policy_status,
     status_writes,
+    ticks,
 )
 
 
@@ -58,7 +60,6 @@ def test_flag_editing() -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(60)
 async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
     kube: OptimisticEmulator, metrics_url: str, monkeypatch: pytest.MonkeyPatch
@@ -71,32 +72,18 @@ async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
         return load()
 
     monkeypatch.setattr(kube_api, "environment_configuration", counted)
-    add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
-    add_policy(kube, policy_spec(metrics_url, "Apply"))
+    add_deployment_and_policy(kube, LLAMA_ARGS, policy_spec(metrics_url, "Apply"))
     kube.writers_before_next_patch = 1  # someone else writes the Deployment between our read and our patch
-    stop = asyncio.Event()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
-    operator = asyncio.create_task(
-        kopf.operator(standalone=True, namespaces=[NS], stop_flag=stop, settings=settings)
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while read_flag(container_args(kube), "--max-num-seqs") == 64 or not our_events(kube):
-            assert time.monotonic() < deadline, "the operator did not act within 30 s"
-            assert not operator.done(), operator
-            await asyncio.sleep(0.2)
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, 15)
+    async with kopf_running() as operator:
+        await operator.until(lambda: read_flag(container_args(kube), "--max-num-seqs") != 64 and our_events(kube),
+                             30, "the operator did not act within 30 s")  # fmt: skip
 
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and 2 <= lowered < 64
     assert len(status_writes(kube)) >= 2 and len(logins) == 1  # every tick on the one client made at startup
     assert container_args(kube)[:2] == ["--model", "/models/llama"]
     assert kube.answered[:2] == [409, 200]  # the conflict, then the re-read and re-applied patch
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     assert conditions(status)["Preempting"] == "True"
     applied = [h for h in status["history"] if h["kind"] == "applied"]
     assert applied and applied[0]["knob"] == "max_num_seqs"
@@ -111,32 +98,17 @@ async def test_kopf_applies_to_a_deployment_retrying_a_conflict(
                                        "name": "llama", "namespace": NS, "uid": "uid-llama"}  # fmt: skip
 
 
-async def tick_twice(spec: dict[str, Any], memory: PolicyMemory) -> list[Any]:
-    parsed = KVTuningPolicySpec.model_validate(spec)
-    ref = PolicyRef(NS, "llama", "uid-llama")
-
-    def run() -> list[Any]:
-        with KubeApi.from_environment() as api:
-            first = run_once(api, PolicyTick(ref, parsed, time.time()), memory)
-            time.sleep(0.3)
-            return [first, run_once(api, PolicyTick(ref, parsed, time.time()), memory)]
-
-    return await asyncio.to_thread(run)
-
-
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_recommend_mode_writes_status_and_events_without_acting(
     kube: OptimisticEmulator, metrics_url: str
 ) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    add_policy(kube, policy_spec(metrics_url, "Recommend"))
-    await tick_twice(policy_spec(metrics_url, "Recommend"), PolicyMemory())
+    add_deployment_and_policy(kube, ["--max-num-seqs", "64"], policy_spec(metrics_url, "Recommend"))
+    await ticks(policy_spec(metrics_url, "Recommend"), PolicyMemory(), 2)
     assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered
     assert len(status_writes(kube)) == 2
     assert len(ours(kube[kmock.action.FETCH, DEPLOYMENTS])) == 2  # its max_num_seqs: read once a tick
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     assert conditions(status)["Preempting"] == "True" and conditions(status)["Stable"] == "False"
     assert status["current"]["maxNumSeqs"] == 64
     assert 2 <= status["recommended"]["maxNumSeqs"] < 64
@@ -146,28 +118,25 @@ async def test_recommend_mode_writes_status_and_events_without_acting(
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_observe_mode_only_diagnoses(kube: OptimisticEmulator, metrics_url: str) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    add_policy(kube, policy_spec(metrics_url, "Observe"))
-    await tick_twice(policy_spec(metrics_url, "Observe"), PolicyMemory())
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    add_deployment_and_policy(kube, ["--max-num-seqs", "64"], policy_spec(metrics_url, "Observe"))
+    await ticks(policy_spec(metrics_url, "Observe"), PolicyMemory(), 2)
+    status = policy_status(kube)
     assert conditions(status)["Preempting"] == "True" and status["note"] == "observe mode"
     assert not status.get("history") and "recommended" not in status and not our_events(kube)
     assert container_args(kube) == ["--max-num-seqs", "64"]
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_unreachable_metrics_are_a_condition_not_an_action(kube: OptimisticEmulator) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = policy_spec("http://127.0.0.1:9", "Apply")  # discard port: nothing listens
-    add_policy(kube, spec)
-    outcomes = await tick_twice(spec, PolicyMemory())
+    spec = add_deployment_and_policy(
+        kube, ["--max-num-seqs", "64"], policy_spec("http://127.0.0.1:9", "Apply")
+    )  # discard port: nothing listens
+    outcomes = await ticks(spec, PolicyMemory(), 2)
     assert all(o.tick.no_data for o in outcomes)
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     # what the metrics would say is unknown; what became of the operator's patches is known: none was made;
     # the mode (ModeCapped) needs no data
     metric = [c for c in status["conditions"] if c["type"] in CONDITION_TYPES]
@@ -196,29 +165,19 @@ def secret_reads(kube: OptimisticEmulator) -> tuple[int, int]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_a_tick_reads_the_secret_only_when_it_changed_and_the_knobs_once(
     kube: OptimisticEmulator, metrics_server: ThreadingHTTPServer, metrics_url: str
 ) -> None:
-    spec = {
-        **policy_spec(metrics_url, "Recommend"),
-        "target": {
-            "name": "llama",
-            "engine": "kvtune",
-            "adminUrl": metrics_url,
-            "adminTokenSecretRef": {"name": "llama-admin", "key": "token"},
-        },
-    }
+    spec = kvtune_admin_spec(metrics_url, "Recommend")
     add_policy(kube, spec)
     add_admin_secret(kube, "first-token", "1")
     parsed = KVTuningPolicySpec.model_validate(spec)
-    ref = PolicyRef(NS, "llama", "uid-llama")
     memory = PolicyMemory()
 
-    def run(api: KubeApi, ticks: int) -> None:
-        for _ in range(ticks):
-            outcome = run_once(api, PolicyTick(ref, parsed, time.time()), memory)
+    def run(api: KubeApi, count: int) -> None:
+        for _ in range(count):
+            outcome = run_once(api, PolicyTick(REF, parsed, time.time()), memory)
             assert "actuator_unavailable" not in memory.tuning.on, outcome.status.note
 
     with KubeApi.from_environment() as api:

@@ -6,21 +6,20 @@ every failure is a KubeError, status 0 when the server cannot be reached."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs
 
 import pytest
 from kubernetes import client
 
 from kvtune.operator.k8s.kube_api import METADATA_ONLY, USER_AGENT, KubeApi, KubeError
-from tests.operator.helpers import reply
+from tests.operator.helpers import QuietHandler, reply, serving
 
 SECRET = {"kind": "Secret", "metadata": {"name": "s", "resourceVersion": "7"}, "data": {"token": "dA=="}}
 
 
-class ApiServerHandler(BaseHTTPRequestHandler):
+class ApiServerHandler(QuietHandler):
     """Accepts only `Bearer current`; records (method, path, token, accept, user agent) of every request;
     answers the statuses queued in `server.answers` first (503, 404, ...), then the Secret."""
 
@@ -42,19 +41,11 @@ class ApiServerHandler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PATCH = _answer
 
-    def log_message(self, *args: object) -> None:
-        pass
-
 
 @pytest.fixture
 def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ApiServerHandler)
-    httpd.seen = []  # type: ignore[attr-defined]
-    httpd.answers = []  # type: ignore[attr-defined]
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(ApiServerHandler, seen=[], answers=[]) as httpd:
+        yield httpd
 
 
 def logins(server: ThreadingHTTPServer, tokens: list[str]) -> tuple[list[str], KubeApi]:

@@ -6,12 +6,8 @@ never set), records it, and holds the policy at Recommend until the annotation g
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import kopf
 import pytest
@@ -26,17 +22,19 @@ from kvtune.operator.k8s.reconcile import PolicyMemory
 from kvtune.operator.k8s.workload_actuator import read_flag, unset_flag
 from tests.operator.kmock_world import (
     FIXTURES,
-    NS,
-    POLICIES,
     OptimisticEmulator,
-    add_deployment,
-    add_policy,
+    add_deployment_and_policy,
+    ask_for_undo,
     conditions,
     container_args,
+    kopf_running,
     our_events,
     policy_spec,
+    policy_status,
+    reasons,
+    ticks,
+    undo_done,
 )
-from tests.operator.mode_ceiling_world import ticks
 
 NO_FIGURES = JudgedFigures(None, None, None, None)
 
@@ -83,27 +81,15 @@ def test_unset_flag_takes_out_either_form() -> None:
     assert unset_flag(["--model", "m"], "--max-num-seqs") == ["--model", "m"]
 
 
-def status(kube: OptimisticEmulator) -> dict[str, Any]:
-    found: dict[str, Any] = kube.objects[POLICIES, NS, "llama"]["status"]
-    return found
-
-
-def reasons(kube: OptimisticEmulator) -> list[str]:
-    return [event["reason"] for event in our_events(kube)]
-
-
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_apply_under_a_recommend_ceiling_recommends_and_says_why(
     kube: OptimisticEmulator, metrics_url: str
 ) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = policy_spec(metrics_url, "Apply")
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(kube, ["--max-num-seqs", "64"], policy_spec(metrics_url, "Apply"))
     await ticks(spec, PolicyMemory(), 3, max_mode=Mode.RECOMMEND)
     assert container_args(kube) == ["--max-num-seqs", "64"] and not kube.answered  # never patched
-    found = status(kube)
+    found = policy_status(kube)
     assert found["mode"] == "Recommend"
     assert conditions(found)["ModeCapped"] == "True" and conditions(found)["Preempting"] == "True"
     (capped,) = [c for c in found["conditions"] if c["type"] == "ModeCapped"]
@@ -114,16 +100,13 @@ async def test_apply_under_a_recommend_ceiling_recommends_and_says_why(
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_under_an_apply_ceiling_the_mode_is_the_policys(
     kube: OptimisticEmulator, metrics_url: str
 ) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = policy_spec(metrics_url, "Apply")
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(kube, ["--max-num-seqs", "64"], policy_spec(metrics_url, "Apply"))
     await ticks(spec, PolicyMemory(), 3, max_mode=Mode.APPLY)
-    found = status(kube)
+    found = policy_status(kube)
     assert found["mode"] == "Apply" and conditions(found)["ModeCapped"] == "False"
     assert read_flag(container_args(kube), "--max-num-seqs") != 64 and "ModeCapped" not in reasons(kube)
 
@@ -133,27 +116,24 @@ async def apply_then_undo(
 ) -> tuple[PolicyMemory, int]:
     """Let the operator lower max_num_seqs in Apply mode, then ask for an undo; returns the memory and the
     value it had set."""
-    add_deployment(kube, args)
-    spec = policy_spec(metrics_url, "Apply")
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(kube, args, policy_spec(metrics_url, "Apply"))
     memory = PolicyMemory()
     await ticks(spec, memory, 3)
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and lowered < 64
-    assert status(kube)["original"] == {"maxNumSeqs": read_flag(args, "--max-num-seqs") or 0}
+    assert policy_status(kube)["original"] == {"maxNumSeqs": read_flag(args, "--max-num-seqs") or 0}
     await ticks(spec, memory, 3, undo="2026-12-02")
     return memory, lowered
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(40)
 async def test_undo_restores_the_before_and_holds_the_policy(
     kube: OptimisticEmulator, metrics_url: str
 ) -> None:
     memory, lowered = await apply_then_undo(kube, metrics_url, ["--model", "m", "--max-num-seqs", "64"])
     assert container_args(kube) == ["--model", "m", "--max-num-seqs", "64"]  # as it was
-    found = status(kube)
+    found = policy_status(kube)
     undone = [h for h in found["history"] if h["kind"] == "undone"]
     assert [(h["knob"], h["before"], h["after"]) for h in undone] == [("max_num_seqs", lowered, 64)]
     assert found["undo"]["request"] == "2026-12-02" and found["undo"]["done"] is True
@@ -165,12 +145,11 @@ async def test_undo_restores_the_before_and_holds_the_policy(
     assert len(events) == 1 and f"max_num_seqs: {lowered} -> 64" in events[0]["message"]
     # the annotation gone, the policy runs in Apply again (the recorded metrics no longer move: no new action)
     await ticks(policy_spec(metrics_url, "Apply"), memory, 2)
-    assert status(kube)["mode"] == "Apply" and conditions(status(kube))["ModeCapped"] == "False"
+    assert policy_status(kube)["mode"] == "Apply" and conditions(policy_status(kube))["ModeCapped"] == "False"
     assert container_args(kube) == ["--model", "m", "--max-num-seqs", "64"]
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(40)
 async def test_undo_takes_out_a_flag_the_workload_never_set(
     kube: OptimisticEmulator, metrics_server: ThreadingHTTPServer, metrics_url: str, tmp_path: Path
@@ -184,20 +163,17 @@ async def test_undo_takes_out_a_flag_the_workload_never_set(
         )
         served.append(str(tmp_path / name))
     metrics_server.files = served  # type: ignore[attr-defined]
-    add_deployment(kube, ["--model", "m"])
-    spec = policy_spec(metrics_url, "Apply")
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(kube, ["--model", "m"], policy_spec(metrics_url, "Apply"))
     memory = PolicyMemory()
     await ticks(spec, memory, 3)
     assert read_flag(container_args(kube), "--max-num-seqs") is not None  # the operator added it
-    assert status(kube)["original"] == {"maxNumSeqs": 0}  # 0: not set
+    assert policy_status(kube)["original"] == {"maxNumSeqs": 0}  # 0: not set
     await ticks(spec, memory, 2, undo="now")
     assert container_args(kube) == ["--model", "m"]
-    assert status(kube)["undo"]["done"] is True
+    assert policy_status(kube)["undo"]["done"] is True
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(60)
 async def test_kopf_reads_the_ceiling_from_its_memo_and_the_undo_from_the_annotation(
     kube: OptimisticEmulator, metrics_url: str
@@ -205,30 +181,11 @@ async def test_kopf_reads_the_ceiling_from_its_memo_and_the_undo_from_the_annota
     """The wiring: `kvtune operator --max-mode` puts the ceiling in kopf's memo; the annotation is read
     from the policy the daemon watches. A policy whose status says the operator lowered 64 to 20 is undone
     at the first tick, under a Recommend ceiling."""
-    add_deployment(kube, ["--max-num-seqs", "20"])
-    add_policy(kube, policy_spec(metrics_url, "Apply"))
-    policy = kube.objects[POLICIES, NS, "llama"]
-    policy.patch({"metadata": {"annotations": {UNDO_ANNOTATION: "please"}},
-                  "status": {"original": {"maxNumSeqs": 64}}})  # fmt: skip
-    stop = asyncio.Event()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
-    memo = kopf.Memo(max_mode=Mode.RECOMMEND)
-    operator = asyncio.create_task(
-        kopf.operator(standalone=True, namespaces=[NS], stop_flag=stop, settings=settings, memo=memo)
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not (status(kube) if "status" in policy else {}).get("undo", {}).get("done"):
-            assert time.monotonic() < deadline, "the operator did not undo within 30 s"
-            assert not operator.done(), operator
-            await asyncio.sleep(0.2)
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, 15)
+    ask_for_undo(kube, metrics_url)
+    async with kopf_running(kopf.Memo(max_mode=Mode.RECOMMEND)) as operator:
+        await operator.until(lambda: undo_done(kube), 30, "the operator did not undo within 30 s")
     assert read_flag(container_args(kube), "--max-num-seqs") == 64
-    found = status(kube)
+    found = policy_status(kube)
     assert found["undo"]["request"] == "please" and found["mode"] == "Recommend"
 
 

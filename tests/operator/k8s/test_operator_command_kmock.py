@@ -19,7 +19,13 @@ from kvtune.harness.local_http import free_port
 from kvtune.harness.server import cli_argv
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import api_calls
-from tests.operator.kmock_world import NS, OptimisticEmulator, add_deployment, add_policy, policy_spec
+from tests.operator.kmock_world import (
+    LLAMA_ARGS,
+    NS,
+    OptimisticEmulator,
+    add_deployment_and_policy,
+    policy_spec,
+)
 from tests.operator.rbac_world import add_peering, granting, rule_grants
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,7 +56,6 @@ async def wait_for(
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(300)
 async def test_the_command_line_operator_is_healthy_serves_its_metrics_and_stops_on_sigterm(
     kube: OptimisticEmulator,
@@ -58,8 +63,7 @@ async def test_the_command_line_operator_is_healthy_serves_its_metrics_and_stops
     tmp_path: Path,
 ) -> None:
     add_peering(kube, clusterwide=False)
-    add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
-    add_policy(kube, policy_spec(metrics_url, "Recommend"))
+    add_deployment_and_policy(kube, LLAMA_ARGS, policy_spec(metrics_url, "Recommend"))
     health, metrics = free_port(), free_port()
     command = cli_argv("operator", "--namespace", NS, "--peering", PEERING,
                              "--liveness-port", str(health), "--metrics-port", str(metrics))  # fmt: skip

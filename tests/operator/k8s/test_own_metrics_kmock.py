@@ -7,10 +7,8 @@ counted as no-data and errors."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import kopf
@@ -18,21 +16,23 @@ import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
 from kvtune.operator.io.own_metrics import OperatorMetrics
-from kvtune.operator.k8s.crd import KVTuningPolicySpec
-from kvtune.operator.k8s.events import PolicyRef
-from kvtune.operator.k8s.kube_api import KubeApi
-from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
+from kvtune.operator.k8s.reconcile import PolicyMemory
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.helpers import OPERATOR_SERIES, Series, parse_series, series_names, series_value
 from tests.operator.kmock_world import (
+    LLAMA_ARGS,
     NS,
     OptimisticEmulator,
-    add_deployment,
-    add_policy,
+    add_deployment_and_policy,
     container_args,
+    kopf_running,
+    kvtune_admin_spec,
     our_events,
     policy_spec,
+    ticks,
 )
+
+pytestmark = pytest.mark.asyncio
 
 
 @pytest.fixture
@@ -51,45 +51,18 @@ def scrape(url: str) -> Series:
     return parse_series(response.text)
 
 
-def ticks(spec: dict[str, Any], metrics: OperatorMetrics, count: int) -> None:
-    parsed = KVTuningPolicySpec.model_validate(spec)
-    memory = PolicyMemory()
-    with KubeApi.from_environment() as api:
-        for _ in range(count):
-            run_once(
-                api, PolicyTick(PolicyRef(NS, "llama", "uid-llama"), parsed, time.time()), memory, metrics
-            )
-            time.sleep(0.2)
-
-
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(60)
 async def test_kopf_records_its_action_in_the_served_metrics(
     kube: OptimisticEmulator, metrics_url: str, served: tuple[OperatorMetrics, str]
 ) -> None:
     metrics, url = served
-    add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
-    add_policy(kube, policy_spec(metrics_url, "Apply"))
+    add_deployment_and_policy(kube, LLAMA_ARGS, policy_spec(metrics_url, "Apply"))
     began = time.time()
-    stop = asyncio.Event()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
-    memo = kopf.Memo(operator_metrics=metrics)  # as `kvtune operator` hands it to kopf.run
-    running = kopf.operator(standalone=True, namespaces=[NS], stop_flag=stop, settings=settings, memo=memo)
-    operator = asyncio.create_task(running)
-    try:
-        deadline = time.monotonic() + 30
-        while read_flag(container_args(kube), "--max-num-seqs") == 64 or not our_events(kube):
-            assert time.monotonic() < deadline, "the operator did not act within 30 s"
-            assert not operator.done(), operator
-            await asyncio.sleep(0.2)
+    async with kopf_running(kopf.Memo(operator_metrics=metrics)) as operator:  # as `kvtune operator` hands it
+        await operator.until(lambda: read_flag(container_args(kube), "--max-num-seqs") != 64 and our_events(kube),
+                             30, "the operator did not act within 30 s")  # fmt: skip
         series = await asyncio.to_thread(scrape, url)
         scraped_at = time.time()
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, 15)
 
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and lowered < 64
@@ -118,18 +91,16 @@ async def test_kopf_records_its_action_in_the_served_metrics(
     assert errors and not any(errors)  # every kind declared, none met
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_unreachable_metrics_count_as_no_data_and_drop_the_knobs(
     kube: OptimisticEmulator, served: tuple[OperatorMetrics, str]
 ) -> None:
     metrics, url = served
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = policy_spec("http://127.0.0.1:9", "Apply")  # discard port: nothing listens
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(
+        kube, ["--max-num-seqs", "64"], policy_spec("http://127.0.0.1:9", "Apply")
+    )  # discard port: nothing listens
     began = time.time()
-    await asyncio.to_thread(ticks, spec, metrics, 3)
+    await ticks(spec, PolicyMemory(), 3, metrics=metrics, pause=0.2)
     series = await asyncio.to_thread(scrape, url)
     policy = {"namespace": NS, "policy": "llama"}
     assert series_value(series, "kvtune_operator_no_data_total", **policy) == 3
@@ -140,8 +111,6 @@ async def test_unreachable_metrics_count_as_no_data_and_drop_the_knobs(
     assert series_value(series, "kvtune_operator_ladder_rung", **policy) == 0
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_a_missing_secret_and_an_unwritable_status_count_as_errors(
     kube: OptimisticEmulator, metrics_url: str, served: tuple[OperatorMetrics, str]
@@ -149,16 +118,7 @@ async def test_a_missing_secret_and_an_unwritable_status_count_as_errors(
     """A kvtune target whose admin-token Secret does not exist: the operator cannot act (its changes become
     recommendations) and the policy object is gone, so its status cannot be written either."""
     metrics, url = served
-    spec = {
-        **policy_spec(metrics_url, "Apply"),
-        "target": {
-            "name": "llama",
-            "engine": "kvtune",
-            "adminUrl": metrics_url,
-            "adminTokenSecretRef": {"name": "llama-admin", "key": "token"},
-        },
-    }
-    await asyncio.to_thread(ticks, spec, metrics, 2)
+    await ticks(kvtune_admin_spec(metrics_url, "Apply"), PolicyMemory(), 2, metrics=metrics, pause=0.2)
     series = await asyncio.to_thread(scrape, url)
     policy = {"namespace": NS, "policy": "llama"}
     errors = "kvtune_operator_errors_total"

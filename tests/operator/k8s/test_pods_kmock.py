@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kmock
 import pytest
 
 from kvtune.contract import metrics as m
@@ -16,23 +15,21 @@ from kvtune.operator.decide.window import Window
 from kvtune.operator.k8s.reconcile import PolicyMemory
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.kmock_world import (
-    DEPLOYMENTS,
-    NS,
-    POLICIES,
+    LLAMA_ARGS,
     OptimisticEmulator,
     add_admin_secret,
-    add_deployment,
+    add_deployment_and_policy,
     add_policy,
     container_args,
+    deployment_patches,
     our_events,
-    ours,
-)
-from tests.operator.pods_world import (
-    Workload,
-    kvtune_spec,
+    policy_status,
     reasons,
     ticks,
 )
+from tests.operator.pods_world import Workload, kvtune_spec
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
 
 def vllm_spec(port: int) -> dict[str, Any]:
@@ -40,9 +37,6 @@ def vllm_spec(port: int) -> dict[str, Any]:
                                             "podEndpoints": {"service": "llama", "metricsPort": port}}}  # fmt: skip
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(60)
 async def test_three_kvtune_pods_get_the_one_decision_with_per_pod_evidence_in_status(
     kube: OptimisticEmulator,
     workload: Workload,
@@ -62,7 +56,7 @@ async def test_three_kvtune_pods_get_the_one_decision_with_per_pod_evidence_in_s
     assert change.knob == "max_num_seqs" and 2 <= int(change.value or 0) < 64
     assert [pod.patches for pod in (a, b, c)] == [[{"max_num_seqs": change.value}]] * 3  # every pod, once
     assert second.tick.decision.diagnosis.preemptions == 49 + 100 + 14  # pooled: summed
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     assert status["worstPod"] == "llama-b" and "worst pod llama-b: 100 preemptions" in status["note"]
     assert [(p["name"], p["preemptions"], p["maxNumSeqs"]) for p in status["pods"]] == [
         ("llama-b", 100, change.value), ("llama-a", 49, change.value), ("llama-c", 14, change.value),
@@ -76,19 +70,15 @@ async def test_three_kvtune_pods_get_the_one_decision_with_per_pod_evidence_in_s
     assert not {"EngineRestarted", "PodRestarted", "ApplyFailed", "PodsDisagree"} & set(reasons(kube))
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(60)
 async def test_a_vllm_deployment_of_three_pods_gets_exactly_one_patch(
     kube: OptimisticEmulator,
     workload: Workload,
 ) -> None:
     pods = [workload.start(f"llama-{n}", f"127.0.0.{n + 2}", [46, 95 + 10 * n]) for n in range(3)]
-    add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
-    add_policy(kube, vllm_spec(workload.port))
+    add_deployment_and_policy(kube, LLAMA_ARGS, vllm_spec(workload.port))
     outcomes = await ticks(vllm_spec(workload.port), PolicyMemory(), 3)
 
-    patches = ours(kube[kmock.action.UPDATE, DEPLOYMENTS])
+    patches = deployment_patches(kube)
     assert len(patches) == 1  # one rolling restart for the workload, not one per pod
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and 2 <= lowered < 64
@@ -96,7 +86,7 @@ async def test_a_vllm_deployment_of_three_pods_gets_exactly_one_patch(
     assert outcomes[1].tick.decision is not None
     assert outcomes[1].tick.decision.diagnosis.preemptions == 49 + 59 + 69
     assert all(pod.patches == [] for pod in pods)  # vLLM has no admin API: nothing goes to the pods
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     assert status["worstPod"] == "llama-2" and [p["name"] for p in status["pods"]] == [
         "llama-2",
         "llama-1",
@@ -104,9 +94,6 @@ async def test_a_vllm_deployment_of_three_pods_gets_exactly_one_patch(
     ]
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(60)
 async def test_a_pod_replaced_during_the_window_is_no_restart_and_gets_the_operators_value(
     kube: OptimisticEmulator,
     workload: Workload,
@@ -137,7 +124,7 @@ async def test_a_pod_replaced_during_the_window_is_no_restart_and_gets_the_opera
     assert counts == sorted(counts) and counts[-1] - counts[-2] == 3  # the new pod's own work, no more
     diagnosis = replaced.tick.decision.diagnosis if replaced.tick.decision else None
     assert diagnosis is not None and (diagnosis.preemption_rate or 0) >= 0 and diagnosis.restarts == 0
-    status = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     assert {p["name"] for p in status["pods"]} == {"llama-a", "llama-b", "llama-d"}  # c is gone
     assert {p["maxNumSeqs"] for p in status["pods"]} == {value}
     assert not {"EngineRestarted", "PodRestarted", "ReapplyFailed"} & set(reasons(kube))

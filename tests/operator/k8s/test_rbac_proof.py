@@ -14,12 +14,8 @@ and nothing without it does."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
-from http.server import ThreadingHTTPServer
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,25 +24,27 @@ import kopf
 import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
-from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
 from kvtune.operator.decide.policy import Mode
 from kvtune.operator.io.own_metrics import OperatorMetrics
-from kvtune.operator.k8s.peering import kopf_peering_arguments
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.chart.helm import by_kind, render
 from tests.operator.api_calls import ApiCall, api_calls
+from tests.operator.helpers import local_url, serving
 from tests.operator.kmock_world import (
     DEPLOYMENTS,
     NS,
     POLICIES,
     OptimisticEmulator,
     add_admin_secret,
-    add_deployment,
+    add_policy,
+    ask_for_undo,
     conditions,
     container_args,
+    kopf_running,
     our_events,
     ours,
-    policy_spec,
+    policy_status,
+    undo_done,
 )
 from tests.operator.pods_world import Workload, kvtune_spec
 from tests.operator.rbac_world import (
@@ -69,21 +67,14 @@ POLICY_NAMES = ("pods", "vllm", "sts")  # the three paths set_up gives a policy 
 @pytest.fixture
 def engines() -> Iterator[Callable[[str | None], str]]:
     """Start a vLLM-like engine (its /version answering the given version, or 404): its base URL."""
-    servers: list[ThreadingHTTPServer] = []
+    files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]
+    with ExitStack() as servers:
 
-    def start(version: str | None) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), VllmHandler)
-        server.files = ["kvtune_preempting_t0.prom", "kvtune_preempting_t1.prom"]  # type: ignore[attr-defined]
-        server.admin_tokens = []  # type: ignore[attr-defined]
-        server.version = version  # type: ignore[attr-defined]
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+        def start(version: str | None) -> str:
+            engine = serving(VllmHandler, files=files, admin_tokens=[], version=version)
+            return local_url(servers.enter_context(engine))
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 def add_workload(cluster: OptimisticEmulator, kind: str, name: str, image: str, args: list[str]) -> None:
@@ -101,21 +92,6 @@ def workload_args(cluster: OptimisticEmulator, resource: kmock.resource, name: s
         str(a)
         for a in cluster.objects[resource, NS, name]["spec"]["template"]["spec"]["containers"][0]["args"]
     ]
-
-
-def add_policy(cluster: OptimisticEmulator, name: str, spec: dict[str, Any]) -> None:
-    cluster.objects[POLICIES, NS, name] = {
-        "apiVersion": "kvtune.dev/v1alpha1",
-        "kind": "KVTuningPolicy",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "uid": f"uid-{name}",
-            "generation": 1,
-            "resourceVersion": "1",
-        },
-        "spec": spec,
-    }
 
 
 class Scenario(NamedTuple):
@@ -157,7 +133,7 @@ def set_up(
     pods.start("llama-a", "127.0.0.2", [46, 95])
     pods.start("llama-b", "127.0.0.3", [46, 146])
     add_admin_secret(cluster, "pods-token", "1")
-    add_policy(cluster, "pods", kvtune_spec(pods.port))
+    add_policy(cluster, kvtune_spec(pods.port), "pods")
     # vLLM 0.31 (by its image tag; its /version answers 404): the Deployment's --max-num-seqs
     add_workload(
         cluster, "Deployment", "llama-vllm", OLD_VLLM_IMAGE, ["--model", "/models/llama", "--max-num-seqs=64"]
@@ -167,11 +143,11 @@ def set_up(
         **vllm_policy("Deployment", "llama-vllm", engines(None)),
         "scaling": {"minReplicas": 1, "maxReplicas": 4},
     }
-    add_policy(cluster, "vllm", scaled)
+    add_policy(cluster, scaled, "vllm")
     # vLLM 0.32 (by its /version; the image has no tag): the StatefulSet's --max-num-active-seqs
     add_workload(cluster, "StatefulSet", "llama-sts", "vllm/vllm-openai",
                  ["--model", "/models/llama", "--max-num-seqs", str(STS_MAX_NUM_SEQS)])  # fmt: skip
-    add_policy(cluster, "sts", vllm_policy("StatefulSet", "llama-sts", engines("0.32.1")))
+    add_policy(cluster, vllm_policy("StatefulSet", "llama-sts", engines("0.32.1")), "sts")
     return Scenario(pods)
 
 
@@ -186,30 +162,14 @@ async def operate(
 ) -> set[ApiCall]:
     """Run kopf as `kvtune operator --peering NAME --max-mode MODE (--namespace NS | --all-namespaces)`
     does, until every path has done what it does in that mode, and two ticks more; every API call it made."""
-    stop = asyncio.Event()
     memo = kopf.Memo(operator_metrics=OperatorMetrics(max_mode.value), max_mode=max_mode)
-    operator = asyncio.create_task(kopf.operator(
-        clusterwide=clusterwide, namespaces=[] if clusterwide else [NS], stop_flag=stop, memo=memo,
-        **kopf_peering_arguments(PEERING),
-    ))  # fmt: skip
-    try:
-        deadline = time.monotonic() + 45
-        while not done(cluster):
-            assert time.monotonic() < deadline, (
-                f"not every path acted within 45 s: {sorted(api_calls(list(cluster)))}"
-            )
-            assert not operator.done(), operator
-            await asyncio.sleep(0.2)
+    async with kopf_running(memo, clusterwide=clusterwide, peering=PEERING, stop_within=20) as operator:
+        await operator.until(lambda: done(cluster), 45,
+                             lambda: f"not every path acted within 45 s: {sorted(api_calls(list(cluster)))}")  # fmt: skip
         # two more ticks of every policy (each tick ends with its status write): the steady state's calls too
-        after, deadline = ticks(cluster), time.monotonic() + 45
-        while any(ticks(cluster)[policy] < done + 2 for policy, done in after.items()):
-            assert time.monotonic() < deadline, f"the policies did not tick on: {ticks(cluster)}"
-            assert not operator.done(), operator
-            await asyncio.sleep(0.2)
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, 20)
+        after = ticks(cluster)
+        await operator.until(lambda: all(ticks(cluster)[policy] >= count + 2 for policy, count in after.items()),
+                             45, lambda: f"the policies did not tick on: {ticks(cluster)}")  # fmt: skip
     return api_calls(list(cluster))
 
 
@@ -229,8 +189,8 @@ def assert_each_path_acted(cluster: OptimisticEmulator, scenario: Scenario) -> N
     assert active is not None and 2 <= active <= STS_MAX_NUM_SEQS
     assert read_flag(statefulset, "--max-num-seqs") == STS_MAX_NUM_SEQS
     assert len([r for r in ours(cluster[kmock.action.UPDATE, STATEFULSETS]) if not r.subresource]) == 1
-    assert cluster.objects[POLICIES, NS, "sts"]["status"]["admissionFlag"].startswith("--max-num-active-seqs")
-    assert cluster.objects[POLICIES, NS, "vllm"]["status"]["admissionFlag"].startswith("--max-num-seqs")
+    assert policy_status(cluster, "sts")["admissionFlag"].startswith("--max-num-active-seqs")
+    assert policy_status(cluster, "vllm")["admissionFlag"].startswith("--max-num-seqs")
     messages = [e["message"] for e in our_events(cluster) if e["reason"] == "TuningApplied"]
     assert any("through --max-num-active-seqs (vLLM 0.32.1 from the engine's /version" in m for m in messages)
     assert any("through --max-num-seqs (vLLM v0.31.0 from the image tag" in m for m in messages), messages
@@ -259,45 +219,40 @@ def assert_exactly_granted(calls: set[ApiCall], role: dict[str, Any], namespace:
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(120)
-async def test_namespaced_the_role_grants_exactly_the_calls_the_operator_makes(
+@pytest.mark.parametrize(
+    ("clusterwide", "scope", "granted_by", "not_rendered", "namespace"),
+    [
+        (False, {"watchNamespaces": [NS]}, "Role", "ClusterRole", NS),
+        (True, {"clusterWide": True}, "ClusterRole", "Role", None),
+    ],
+    ids=["namespaced", "cluster-wide"],
+)
+async def test_the_role_of_each_scope_grants_exactly_the_calls_the_operator_makes(
     kube: OptimisticEmulator,
     workload: Workload,
     engines: Callable[[str | None], str],
     tmp_path: Path,
+    clusterwide: bool,
+    scope: dict[str, Any],
+    granted_by: str,
+    not_rendered: str,
+    namespace: str | None,
 ) -> None:
-    scenario = set_up(kube, workload, engines, clusterwide=False)
-    calls = await operate(kube, scenario.done, clusterwide=False, max_mode=Mode.APPLY)
+    """Namespaced, the Role in the watched namespace grants them (and no ClusterRole is rendered);
+    cluster-wide, the ClusterRole (and no Role)."""
+    scenario = set_up(kube, workload, engines, clusterwide)
+    calls = await operate(kube, scenario.done, clusterwide, max_mode=Mode.APPLY)
     assert_each_path_acted(kube, scenario)
     assert ApiCall("get", "", "secrets", "", NS, ADMIN_SECRET) in calls  # the one Secret, by its name
     assert {call.name for call in calls if call.resource == "secrets"} == {ADMIN_SECRET}
 
-    values = {"maxMode": "Apply", "watchNamespaces": [NS], "adminTokenSecrets": [ADMIN_SECRET]}
-    objects = render(values, tmp_path)
-    assert by_kind(objects, "ClusterRole") == []
-    (role,) = [role for role in by_kind(objects, "Role") if role["metadata"]["namespace"] == NS]
-    assert_exactly_granted(calls, role, NS)
-
-
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(120)
-async def test_cluster_wide_the_cluster_role_grants_exactly_the_calls_the_operator_makes(
-    kube: OptimisticEmulator,
-    workload: Workload,
-    engines: Callable[[str | None], str],
-    tmp_path: Path,
-) -> None:
-    scenario = set_up(kube, workload, engines, clusterwide=True)
-    calls = await operate(kube, scenario.done, clusterwide=True, max_mode=Mode.APPLY)
-    assert_each_path_acted(kube, scenario)
-    assert {call.name for call in calls if call.resource == "secrets"} == {ADMIN_SECRET}
-
-    objects = render({"maxMode": "Apply", "clusterWide": True, "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
-    assert by_kind(objects, "Role") == []
-    (role,) = by_kind(objects, "ClusterRole")
-    assert_exactly_granted(calls, role, None)
+    objects = render({"maxMode": "Apply", **scope, "adminTokenSecrets": [ADMIN_SECRET]}, tmp_path)
+    assert by_kind(objects, not_rendered) == []
+    (role,) = [
+        role for role in by_kind(objects, granted_by) if role["metadata"].get("namespace") == namespace
+    ]
+    assert_exactly_granted(calls, role, namespace)
 
 
 def workload_writes(calls: set[ApiCall]) -> list[ApiCall]:
@@ -308,7 +263,6 @@ def workload_writes(calls: set[ApiCall]) -> list[ApiCall]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("max_mode", [Mode.OBSERVE, Mode.RECOMMEND], ids=lambda mode: mode.value)
 async def test_under_observe_and_recommend_the_role_grants_exactly_the_calls_and_no_workload_write(
@@ -337,7 +291,6 @@ async def test_under_observe_and_recommend_the_role_grants_exactly_the_calls_and
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(60)
 async def test_an_undo_under_recommend_needs_exactly_the_allow_undo_value(
     kube: OptimisticEmulator,
@@ -347,30 +300,12 @@ async def test_an_undo_under_recommend_needs_exactly_the_allow_undo_value(
     """An earlier Apply lowered the Deployment's flag from 64 to 20, then maxMode went down to Recommend and
     someone asked for an undo: the operator patches the flag back. Every call it makes is granted by the
     Recommend Role with `rbac.allowUndo: true`; without the value, that patch is the one call refused."""
-    add_deployment(kube, ["--max-num-seqs", "20"])
-    kube.objects[POLICIES, NS, "llama"] = {
-        "apiVersion": "kvtune.dev/v1alpha1", "kind": "KVTuningPolicy",
-        "metadata": {"name": "llama", "namespace": NS, "uid": "uid-llama", "generation": 1,
-                     "resourceVersion": "1", "annotations": {UNDO_ANNOTATION: "please"}},
-        "spec": policy_spec(metrics_url, "Apply"), "status": {"original": {"maxNumSeqs": 64}},
-    }  # fmt: skip
-    stop = asyncio.Event()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True  # as `kvtune operator --namespace` runs it (handlers.configure)
+    ask_for_undo(kube, metrics_url)
     memo = kopf.Memo(operator_metrics=OperatorMetrics(Mode.RECOMMEND.value), max_mode=Mode.RECOMMEND)
-    operator = asyncio.create_task(
-        kopf.operator(standalone=True, namespaces=[NS], stop_flag=stop, settings=settings, memo=memo)
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not (kube.objects[POLICIES, NS, "llama"].get("status") or {}).get("undo", {}).get("done"):
-            assert time.monotonic() < deadline, f"no undo within 30 s: {sorted(api_calls(list(kube)))}"
-            assert not operator.done(), operator
-            await asyncio.sleep(0.2)
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, 15)
+    async with kopf_running(memo) as operator:  # as `kvtune operator --namespace` runs it: no scanning
+        await operator.until(
+            lambda: undo_done(kube), 30, lambda: f"no undo within 30 s: {sorted(api_calls(list(kube)))}"
+        )
     assert read_flag(container_args(kube), "--max-num-seqs") == 64
     calls = api_calls(list(kube))
     undo_patch = ApiCall("patch", "apps", "deployments", "", NS, "")

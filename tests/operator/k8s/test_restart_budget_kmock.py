@@ -18,16 +18,18 @@ from kvtune.operator.decide.tuner import TunerState
 from kvtune.operator.k8s.reconcile import PolicyMemory
 from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.kmock_world import (
-    NS,
-    POLICIES,
     OptimisticEmulator,
     add_deployment,
+    add_deployment_and_policy,
     add_policy,
     container_args,
-    our_events,
     policy_spec,
+    policy_status,
+    reasons,
+    ticks,
 )
-from tests.operator.mode_ceiling_world import ticks
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
 
 def budgeted(metrics_url: str, budget: dict[str, Any]) -> dict[str, Any]:
@@ -41,13 +43,10 @@ def shut_window() -> dict[str, str]:
 
 
 def found(kube: OptimisticEmulator) -> tuple[dict[str, Any], dict[str, tuple[str, str, str]]]:
-    status: dict[str, Any] = kube.objects[POLICIES, NS, "llama"]["status"]
+    status = policy_status(kube)
     return status, {c["type"]: (c["status"], c["reason"], c["message"]) for c in status["conditions"]}
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("budget", "spent", "reason"),
     [
@@ -58,9 +57,7 @@ def found(kube: OptimisticEmulator) -> tuple[dict[str, Any], dict[str, tuple[str
 async def test_a_change_the_budget_does_not_allow_is_held_and_said(
     kube: OptimisticEmulator, metrics_url: str, budget: dict[str, Any], spent: bool, reason: str
 ) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = budgeted(metrics_url, budget)
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(kube, ["--max-num-seqs", "64"], budgeted(metrics_url, budget))
     earlier = time.time() - 600  # a restart ten minutes ago, as a previous run left it in status
     memory = PolicyMemory(TickMemory(state=TunerState(restarts=(earlier,) if spent else ())))
     outcomes = await ticks(spec, memory, 2)
@@ -73,19 +70,16 @@ async def test_a_change_the_budget_does_not_allow_is_held_and_said(
     assert status["note"].startswith("held lower_max_num_seqs max_num_seqs 64 -> ")
     assert 2 <= status["recommended"]["maxNumSeqs"] < 64
     assert status["tunerState"]["restarts"] == ([earlier] if spent else [])
-    reasons = [e["reason"] for e in our_events(kube)]
-    assert reasons.count("ChangeHeld") == 1 and "TuningApplied" not in reasons  # said once, when it began
+    said = reasons(kube)
+    assert said.count("ChangeHeld") == 1 and "TuningApplied" not in said  # said once, when it began
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(30)
 async def test_a_change_the_budget_allows_is_made_and_counted(
     kube: OptimisticEmulator, metrics_url: str
 ) -> None:
-    add_deployment(kube, ["--max-num-seqs", "64"])
-    spec = budgeted(metrics_url, {"maxRestarts": 1, "periodSeconds": 3600})
-    add_policy(kube, spec)
+    spec = add_deployment_and_policy(
+        kube, ["--max-num-seqs", "64"], budgeted(metrics_url, {"maxRestarts": 1, "periodSeconds": 3600})
+    )
     outcomes = await ticks(spec, PolicyMemory(), 2)
     lowered = read_flag(container_args(kube), "--max-num-seqs")
     assert lowered is not None and 2 <= lowered < 64
@@ -100,9 +94,6 @@ async def test_a_change_the_budget_allows_is_made_and_counted(
     assert status["timing"] == {"evaluationWindowSeconds": 30.0, "cooldownSeconds": 0.0, "defaulted": []}
 
 
-@pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
-@pytest.mark.timeout(30)
 async def test_a_vllm_policy_that_states_no_timing_runs_on_the_gpu_defaults(
     kube: OptimisticEmulator, metrics_url: str
 ) -> None:

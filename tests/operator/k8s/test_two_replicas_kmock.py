@@ -23,13 +23,14 @@ from kvtune.operator.k8s.workload_actuator import read_flag
 from tests.operator.api_calls import ApiCall, api_calls
 from tests.operator.kmock_world import (
     DEPLOYMENTS,
+    LLAMA_ARGS,
     NS,
-    POLICIES,
     OptimisticEmulator,
     add_deployment,
     container_args,
     our_events,
     policy_spec,
+    policy_status,
     status_writes,
 )
 
@@ -97,7 +98,6 @@ async def wait_for(condition: Any, seconds: float, what: str, operators: list[as
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(90)
 async def test_two_replicas_one_acts_the_other_stands_by(
     kube: OptimisticEmulator,
@@ -105,7 +105,7 @@ async def test_two_replicas_one_acts_the_other_stands_by(
     paused: dict[str, Any],
 ) -> None:
     add_peering(kube)
-    add_deployment(kube, ["--model", "/models/llama", "--max-num-seqs=64"])
+    add_deployment(kube, LLAMA_ARGS)
     stop = asyncio.Event()
     replicas = {"replica-a": OperatorMetrics(), "replica-b": OperatorMetrics()}
     operators = []
@@ -142,7 +142,7 @@ async def test_two_replicas_one_acts_the_other_stands_by(
     assert len(patches) == 1 and kube.answered == [200]
     applied = [e for e in our_events(kube) if e["reason"] == "TuningApplied"]
     assert len(applied) == 1 and "through --max-num-seqs" in applied[0]["message"]
-    history = kube.objects[POLICIES, NS, "llama"]["status"]["history"]
+    history = policy_status(kube)["history"]
     assert [h["kind"] for h in history].count("applied") == 1
 
     calls = api_calls(list(kube))

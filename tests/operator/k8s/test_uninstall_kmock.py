@@ -7,17 +7,19 @@ command ends with an error naming it after its timeout, never a hang."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 
-import kopf
 import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
 from kvtune.cli import main
 from kvtune.errors import KvtuneError
 from kvtune.operator.k8s import uninstall
-from tests.operator.kmock_world import POLICIES, OptimisticEmulator, policy_spec
+from tests.operator.kmock_world import (
+    POLICIES,
+    OptimisticEmulator,
+    kopf_running,
+    policy_spec,
+)
 
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
@@ -39,7 +41,6 @@ def left(kube: OptimisticEmulator) -> list[tuple[str, str]]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(30)
 async def test_every_policy_of_the_namespaces_named_is_deleted(
     kube: OptimisticEmulator, capsys: pytest.CaptureFixture[str]
@@ -57,7 +58,6 @@ async def test_every_policy_of_the_namespaces_named_is_deleted(
 
 
 @pytest.mark.asyncio
-@pytest.mark.kmock(cls=OptimisticEmulator)
 @pytest.mark.timeout(60)
 async def test_while_the_operator_runs_its_finalizer_is_released_and_after_it_a_policy_hangs(
     kube: OptimisticEmulator,
@@ -66,29 +66,17 @@ async def test_while_the_operator_runs_its_finalizer_is_released_and_after_it_a_
     policy goes; deleted once kopf has stopped, it stays in Terminating."""
     add(kube, "inference", "llama")
     add(kube, "team-b", "later")  # served by the operator too, then deleted after it stopped
-    stop = asyncio.Event()
-    settings = kopf.OperatorSettings()
-    settings.scanning.disabled = True
-    operator = asyncio.create_task(
-        kopf.operator(standalone=True, namespaces=["inference", "team-b"], stop_flag=stop, settings=settings)
-    )
 
     def finalized(namespace: str, name: str) -> bool:
         return KOPF_FINALIZER in kube.objects[POLICIES, namespace, name]["metadata"].get("finalizers", [])
 
-    try:
-        deadline = time.monotonic() + 20
-        while not (finalized("inference", "llama") and finalized("team-b", "later")):
-            assert time.monotonic() < deadline, "kopf put no finalizer on the policies"
-            await asyncio.sleep(0.2)
+    async with kopf_running(namespaces=("inference", "team-b")) as operator:
+        await operator.until(lambda: finalized("inference", "llama") and finalized("team-b", "later"), 20,
+                             "kopf put no finalizer on the policies")  # fmt: skip
         deleted = await asyncio.to_thread(
             uninstall.delete_policies, uninstall_store(["inference"]), 20.0, lambda line: None
         )
         assert deleted == ["inference/llama"] and left(kube) == [("team-b", "later")]
-    finally:
-        stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, 15)
     with pytest.raises(KvtuneError, match=r"1 KVTuningPolicies still there after 2 s: team-b/later; is the "):
         await asyncio.to_thread(uninstall.run, ["team-b"], 2.0)
     assert left(kube) == [("team-b", "later")]
