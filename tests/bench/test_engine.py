@@ -53,19 +53,6 @@ def _run(index: int, server: str, tokens_per_s: float, preemptions: float | None
     )
 
 
-def _tiny_config(folder: Path) -> Path:
-    config = {
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "hidden_size": 256,
-        "torch_dtype": "float32",
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 def test_defaults_are_the_issues_comparison() -> None:
     args = _args()
     assert args._module == "kvtune.bench.engine"
@@ -114,9 +101,9 @@ def test_both_sides_get_the_same_request_list() -> None:
     assert first == batch_bodies(bench_engine.load_spec(args), models.SERVED_MODEL_NAME)
 
 
-def test_both_servers_get_the_same_settings(tmp_path: Path) -> None:
+def test_both_servers_get_the_same_settings(tiny_config_dir: Path) -> None:
     args = _args("--kvtune-threads", "1")
-    model = _tiny_config(tmp_path)
+    model = tiny_config_dir
     kvtune = cpu_serve_argv(args, model, 8123)
     assert kvtune[1:4] == ["-m", "kvtune.cli", "serve"]
 

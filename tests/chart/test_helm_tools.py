@@ -4,7 +4,6 @@ one, and says why in one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import shutil
 import sys
@@ -14,15 +13,12 @@ from types import ModuleType
 import pytest
 
 from tests.chart import helm as helm_module
-from tests.chart.helm import REPO, require_helm
+from tests.chart.helm import require_helm
+from tests.repo_scripts import load_script
 
 
 def install_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("install_helm", REPO / "scripts" / "install_helm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("install_helm")
 
 
 def test_missing_helm_fails_with_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

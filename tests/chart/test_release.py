@@ -11,7 +11,6 @@ Debian's."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 import tarfile
@@ -24,17 +23,14 @@ import yaml
 
 from tests.chart.helm import BASE_VALUES, CHART, REPO, helm
 from tests.chart.release_build import artifact, built_release, digest
+from tests.repo_scripts import load_script
 
 # The Apache License 2.0 text as Debian ships it (/usr/share/common-licenses/Apache-2.0), byte for byte.
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 
 
 def release_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("release", REPO / "scripts" / "release.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("release")
 
 
 def test_the_version_agrees_everywhere_and_has_a_changelog_entry() -> None:

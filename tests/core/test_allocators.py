@@ -10,6 +10,7 @@ from kvtune.core import (
     Request,
     RequestStatus,
     Scheduler,
+    SchedulerStep,
     make_allocator,
 )
 from kvtune.core.prefix_hash import ROOT_HASH, salted_root
@@ -22,6 +23,14 @@ def paged_scheduler(num_blocks: int = 16, block_size: int = 16, caching: bool = 
     return Scheduler(PagedAllocator(num_blocks, block_size, enable_prefix_caching=caching))
 
 
+def one_after_the_other(sched: Scheduler, first: Request, second: Request) -> SchedulerStep:
+    """`first` runs a step alone, then `second` arrives: the step that admits it, for what it found cached."""
+    sched.add_request(first)
+    run_step(sched)
+    sched.add_request(second)
+    return run_step(sched)
+
+
 def test_shared_40_token_prefix_at_block_size_16_shares_two_full_blocks() -> None:
     sched = paged_scheduler()
     alloc = sched.allocator
@@ -29,10 +38,7 @@ def test_shared_40_token_prefix_at_block_size_16_shares_two_full_blocks() -> Non
     prefix = prompt(40, start=1000)
     first = Request("a", prefix + prompt(8, start=1), max_tokens=10)
     second = Request("b", prefix + prompt(8, start=500), max_tokens=10)
-    sched.add_request(first)
-    run_step(sched)
-    sched.add_request(second)
-    step = run_step(sched)
+    step = one_after_the_other(sched, first, second)
     assert second in step.admitted
     assert second.num_cached_tokens == 32
     assert alloc.block_table(second)[:2] == alloc.block_table(first)[:2]
@@ -47,10 +53,7 @@ def test_shared_prefix_shorter_than_a_block_shares_nothing() -> None:
     prefix = prompt(12, start=1000)
     first = Request("a", prefix + prompt(20, start=1), max_tokens=10)
     second = Request("b", prefix + prompt(20, start=500), max_tokens=10)
-    sched.add_request(first)
-    run_step(sched)
-    sched.add_request(second)
-    run_step(sched)
+    one_after_the_other(sched, first, second)
     assert second.num_cached_tokens == 0
 
 
@@ -59,10 +62,7 @@ def test_prompts_differing_in_their_first_token_share_nothing() -> None:
     body = prompt(47, start=1000)
     first = Request("a", [1, *body], max_tokens=10)  # a timestamp at the front
     second = Request("b", [2, *body], max_tokens=10)
-    sched.add_request(first)
-    run_step(sched)
-    sched.add_request(second)
-    run_step(sched)
+    one_after_the_other(sched, first, second)
     assert second.num_cached_tokens == 0
 
 
@@ -72,11 +72,8 @@ def test_an_entirely_cached_prompt_still_computes_at_least_one_token(
 ) -> None:
     sched = paged_scheduler()
     tokens = prompt(prompt_len, start=1000)
-    sched.add_request(Request("a", tokens, max_tokens=10))
-    run_step(sched)
     again = Request("b", list(tokens), max_tokens=10)
-    sched.add_request(again)
-    step = run_step(sched)
+    step = one_after_the_other(sched, Request("a", tokens, max_tokens=10), again)
     assert again.num_cached_tokens == expected_hit
     assert step.num_tokens[step.requests.index(again)] == prompt_len - expected_hit >= 1
 
@@ -100,11 +97,8 @@ def test_blocks_of_a_finished_request_stay_cached_for_the_next_one() -> None:
 def test_prefix_caching_disabled_shares_nothing() -> None:
     sched = paged_scheduler(caching=False)
     tokens = prompt(48, start=1000)
-    sched.add_request(Request("a", tokens, max_tokens=10))
-    run_step(sched)
     again = Request("b", list(tokens), max_tokens=10)
-    sched.add_request(again)
-    run_step(sched)
+    one_after_the_other(sched, Request("a", tokens, max_tokens=10), again)
     assert again.num_cached_tokens == 0
 
 
@@ -112,11 +106,8 @@ def _hit_after(first_salt: str | None, second_salt: str | None, prompt_len: int 
     """Tokens the second of two identical prompts finds cached, under the given cache salts."""
     sched = paged_scheduler()
     tokens = prompt(prompt_len, start=1000)
-    sched.add_request(Request("a", tokens, max_tokens=1, cache_salt=first_salt))
-    run_step(sched)
     again = Request("b", list(tokens), max_tokens=1, cache_salt=second_salt)
-    sched.add_request(again)
-    run_step(sched)
+    one_after_the_other(sched, Request("a", tokens, max_tokens=1, cache_salt=first_salt), again)
     return again.num_cached_tokens
 
 

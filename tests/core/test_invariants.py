@@ -206,13 +206,17 @@ class Driver:
 
     def run(self) -> None:
         for op in self.scenario.ops:
-            if isinstance(op, Add):
-                self.add(op)
-            elif isinstance(op, Abort):
-                self.abort(op)
-            else:
-                self.step(op)
+            self.apply(op)
         self.drain()
+
+    def apply(self, op: Add | Step | Abort) -> None:
+        """One operation of a scenario, whichever kind it is."""
+        if isinstance(op, Add):
+            self.add(op)
+        elif isinstance(op, Abort):
+            self.abort(op)
+        else:
+            self.step(op)
 
     def drain(self) -> None:
         """Stop adding and keep stepping: the oldest running request always advances, so this ends."""
@@ -429,12 +433,7 @@ def test_the_driver_sees_preemption_and_fragmentation() -> None:
     )
     driver = Driver("contiguous", holes)
     for op in holes.ops[:-1]:
-        if isinstance(op, Add):
-            driver.add(op)
-        elif isinstance(op, Abort):
-            driver.abort(op)
-        else:
-            driver.step(op)
+        driver.apply(op)
     step = driver.step(Step())
     assert step.blocked is not None
     assert step.blocked.reason == "external_fragmentation"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -23,16 +24,24 @@ from kvtune.core.workload_fit import Arrival, FittedWorkload, fit_workload
 from tests.core.workloads import window
 
 
+def seeded_fit(
+    seed: int, count: int, prompt: tuple[int, int], output: tuple[int, int], **settings: Any
+) -> FittedWorkload:
+    """The fit of `count` requests whose prompt, then output, lengths come uniform from one seeded stream;
+    `settings` are the window's (pool, max_num_seqs, clients in the system, running)."""
+    rng = random.Random(seed)
+    prompts = [rng.randint(*prompt) for _ in range(count)]
+    outputs = [rng.randint(*output) for _ in range(count)]
+    fit = fit_workload(window(prompts, outputs, **settings))
+    assert isinstance(fit, FittedWorkload)
+    return fit
+
+
 @pytest.fixture(scope="module")
 def long_tailed() -> FittedWorkload:
     """The issue's workload: pool 6,144 tokens, prompts 100:2400, outputs 20:1200."""
-    rng = random.Random(1)
-    prompts = [rng.randint(100, 2400) for _ in range(200)]
-    outputs = [rng.randint(20, 1200) for _ in range(200)]
-    fit = fit_workload(window(prompts, outputs, pool_tokens=6144, max_num_seqs=128, in_system=(24,) * 13,
-                              running=12))  # fmt: skip
-    assert isinstance(fit, FittedWorkload)
-    return fit
+    return seeded_fit(1, 200, (100, 2400), (20, 1200), pool_tokens=6144, max_num_seqs=128, in_system=(24,) * 13,
+                      running=12)  # fmt: skip
 
 
 def test_a_demand_is_clients_or_a_rate_and_splits_without_splitting_a_client() -> None:
@@ -105,12 +114,8 @@ def test_no_preemption_says_what_it_costs(long_tailed: FittedWorkload) -> None:
 @settings(max_examples=6, deadline=None)
 @given(st.integers(min_value=1, max_value=48))
 def test_more_clients_never_need_fewer_replicas(clients: int) -> None:
-    rng = random.Random(2)
-    prompts = [rng.randint(100, 1200) for _ in range(120)]
-    outputs = [rng.randint(20, 600) for _ in range(120)]
-    fit = fit_workload(window(prompts, outputs, pool_tokens=8192, max_num_seqs=64, in_system=(12,) * 13,
-                              running=8))  # fmt: skip
-    assert isinstance(fit, FittedWorkload)
+    fit = seeded_fit(2, 120, (100, 1200), (20, 600), pool_tokens=8192, max_num_seqs=64, in_system=(12,) * 13,
+                     running=8)  # fmt: skip
     objective = Objective(p95_wait_bound_s=3.0)
     fewer = replicas_needed(fit, Demand(clients=clients), objective, 1, 64)
     more = replicas_needed(fit, Demand(clients=clients + 8), objective, 1, 64)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.stand_in_http import QuietHandler
+
 
 @dataclass
 class GrafanaState:
@@ -24,19 +26,11 @@ class GrafanaState:
 
 
 def _handler(state: GrafanaState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def _authorised(self) -> bool:
             state.requests.append((self.command, self.path))
             if self.headers.get("Authorization") != f"Bearer {state.token}":
-                self._answer(401, {"message": "invalid API key"})
+                self.send_json(401, {"message": "invalid API key"})
                 return False
             return True
 
@@ -52,12 +46,12 @@ def _handler(state: GrafanaState) -> type[BaseHTTPRequestHandler]:
             prefix = "/api/folders/"
             if self.path.startswith(prefix) and self.path[len(prefix) :] in state.folders:
                 uid = self.path[len(prefix) :]
-                self._answer(200, {"uid": uid, "title": state.folders[uid]})
+                self.send_json(200, {"uid": uid, "title": state.folders[uid]})
             elif self.path.startswith(prefix):
-                self._answer(404, {"message": "folder not found", "status": "not-found"})
+                self.send_json(404, {"message": "folder not found", "status": "not-found"})
             else:
                 state.problems.append(f"GET {self.path}")
-                self._answer(404, {"message": "Not found"})
+                self.send_json(404, {"message": "Not found"})
 
         def do_POST(self) -> None:
             if not self._authorised():
@@ -65,28 +59,28 @@ def _handler(state: GrafanaState) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             if self.path == "/api/folders":
                 if body.get("uid") in state.folders:
-                    self._answer(409, {"message": "a folder with the same uid already exists"})
+                    self.send_json(409, {"message": "a folder with the same uid already exists"})
                     return
                 state.folders[body["uid"]] = body["title"]
-                self._answer(200, {"uid": body["uid"], "title": body["title"]})
+                self.send_json(200, {"uid": body["uid"], "title": body["title"]})
             elif self.path == "/api/dashboards/db":
                 self._save_dashboard(body)
             else:
                 state.problems.append(f"POST {self.path}")
-                self._answer(404, {"message": "Not found"})
+                self.send_json(404, {"message": "Not found"})
 
         def _save_dashboard(self, body: dict[str, Any]) -> None:
             dashboard = body.get("dashboard") or {}
             uid = dashboard.get("uid")
             if not uid or body.get("folderUid") not in state.folders:
-                self._answer(400, {"message": "dashboard uid and an existing folderUid are required"})
+                self.send_json(400, {"message": "dashboard uid and an existing folderUid are required"})
                 return
             if uid in state.dashboards and not body.get("overwrite"):
-                self._answer(412, {"message": "a dashboard with the same uid already exists"})
+                self.send_json(412, {"message": "a dashboard with the same uid already exists"})
                 return
             state.dashboards[uid] = body
             state.versions[uid] = state.versions.get(uid, 0) + 1
-            self._answer(
+            self.send_json(
                 200,
                 {
                     "id": list(state.dashboards).index(uid) + 1,
@@ -96,9 +90,6 @@ def _handler(state: GrafanaState) -> type[BaseHTTPRequestHandler]:
                     "version": state.versions[uid],
                 },
             )
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     return Handler
 

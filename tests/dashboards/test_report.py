@@ -3,13 +3,12 @@ panel that decodes, with a legend per series, and an index.html that links every
 
 from __future__ import annotations
 
-import json
 import math
 import socket
 import threading
 from collections.abc import Iterator
 from html.parser import HTMLParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -27,6 +26,7 @@ from kvtune.dashboards.report import (
     report,
 )
 from kvtune.errors import KvtuneError
+from tests.stand_in_http import QuietHandler
 
 END = 1_800_000_000.0
 EMPTY_FAMILY = "capped_requests"  # the stand-in has no data for it: the panel says so instead of failing
@@ -62,22 +62,14 @@ class PrometheusStandIn:
 def prometheus() -> Iterator[tuple[str, PrometheusStandIn]]:
     stand_in = PrometheusStandIn()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             url = urlparse(self.path)
             if url.path != "/api/v1/query_range":
                 status, body = 404, {"status": "error", "error": f"no route {url.path}"}
             else:
                 status, body = stand_in.answer({k: v[0] for k, v in parse_qs(url.query).items()})
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.send_json(status, body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -16,7 +16,7 @@ import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import Cluster, control_plane, local_cluster, wait_for
+from tests.stand_in_http import QuietHandler
 
 NAMESPACE, WORKLOAD, SCALED_OBJECT, POLICY = "keda-e2e", "demand", "demand", "demand"
 SERIES = "kvtune_e2e_desired_replicas"
@@ -107,18 +108,11 @@ class Series:
         self.value = value
         series = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 body = (f"# TYPE {SERIES} gauge\n"
                         f'{SERIES}{{namespace="{NAMESPACE}",policy="{POLICY}"}} {series.value}\n').encode()  # fmt: skip
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
+                self.send_whole(200, body, "text/plain; version=0.0.4")
 
         self.server = ThreadingHTTPServer((host, 0), Handler)
         self.port = self.server.server_address[1]

@@ -93,6 +93,20 @@ def hf_logits(hf_model: torch.nn.Module, tokens: Sequence[int]) -> torch.Tensor:
     return logits
 
 
+def hf_greedy(hf_model: Any, prompt: Sequence[int], new_tokens: int) -> list[int]:
+    """The tokens transformers' `generate(do_sample=False)` adds to `prompt`: the yardstick of every greedy
+    test, the paged runner's and the engine's alike."""
+    with torch.no_grad():
+        output = hf_model.generate(
+            torch.tensor([list(prompt)]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+        )
+    tokens: list[int] = output[0, len(prompt) :].tolist()
+    return tokens
+
+
 def backend_params() -> list[Any]:
     """The reference oracle and the CPU kernel; the CPU one is skipped, with its reason, if it cannot build."""
     reason = unavailable_reason("cpu")

@@ -33,34 +33,39 @@ def test_missing_folder(tmp_path: Path) -> None:
         load_model(tmp_path / "nowhere")
 
 
-def test_missing_config(copy_of_tiny: Path) -> None:
-    (copy_of_tiny / "config.json").unlink()
-    with pytest.raises(KvtuneError, match=r"config\.json is missing"):
-        load_model(copy_of_tiny)
+def _damage(path: Path, content: str | bytes | None) -> None:
+    """Remove the file (None) or overwrite it with `content`."""
+    if content is None:
+        path.unlink()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
 
 
-def test_broken_config(copy_of_tiny: Path) -> None:
-    (copy_of_tiny / "config.json").write_text("{not json")
-    with pytest.raises(KvtuneError, match="not valid JSON"):
-        load_model(copy_of_tiny)
+SECOND_SHARD_INDEX = json.dumps({"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}})
 
 
-def test_missing_weights(copy_of_tiny: Path) -> None:
-    (copy_of_tiny / "model.safetensors").unlink()
-    with pytest.raises(KvtuneError, match=r"no \*\.safetensors"):
-        load_model(copy_of_tiny)
-
-
-def test_missing_shard(copy_of_tiny: Path) -> None:
-    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
-    (copy_of_tiny / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(KvtuneError, match=r"model-00002-of-00002\.safetensors is missing"):
-        load_model(copy_of_tiny)
-
-
-def test_corrupt_weights(copy_of_tiny: Path) -> None:
-    (copy_of_tiny / "model.safetensors").write_bytes(b"\x00" * 64)
-    with pytest.raises(KvtuneError, match="cannot read"):
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        pytest.param("config.json", None, r"config\.json is missing", id="missing_config"),
+        pytest.param("config.json", "{not json", "not valid JSON", id="broken_config"),
+        pytest.param("model.safetensors", None, r"no \*\.safetensors", id="missing_weights"),
+        pytest.param(
+            "model.safetensors.index.json",
+            SECOND_SHARD_INDEX,
+            r"model-00002-of-00002\.safetensors is missing",
+            id="missing_shard",
+        ),
+        pytest.param("model.safetensors", b"\x00" * 64, "cannot read", id="corrupt_weights"),
+    ],
+)
+def test_a_damaged_checkpoint_file_is_named(
+    copy_of_tiny: Path, name: str, content: str | bytes | None, message: str
+) -> None:
+    _damage(copy_of_tiny / name, content)
+    with pytest.raises(KvtuneError, match=message):
         load_model(copy_of_tiny)
 
 
@@ -94,15 +99,23 @@ def test_unsupported_settings(copy_of_tiny: Path, changes: dict[str, Any], messa
         open_checkpoint(copy_of_tiny)
 
 
-def test_missing_tokenizer(copy_of_tiny: Path) -> None:
-    (copy_of_tiny / "tokenizer.json").unlink()
-    with pytest.raises(KvtuneError, match=r"tokenizer\.json is missing"):
-        load_tokenizer(copy_of_tiny)
-
-
-def test_bad_chat_template(copy_of_tiny: Path) -> None:
-    (copy_of_tiny / "chat_template.jinja").write_text("{% for m in messages %}")
-    with pytest.raises(KvtuneError, match="chat template does not compile"):
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        pytest.param("tokenizer.json", None, r"tokenizer\.json is missing", id="missing_tokenizer"),
+        pytest.param(
+            "chat_template.jinja",
+            "{% for m in messages %}",
+            "chat template does not compile",
+            id="bad_chat_template",
+        ),
+    ],
+)
+def test_a_damaged_tokenizer_file_is_named(
+    copy_of_tiny: Path, name: str, content: str | None, message: str
+) -> None:
+    _damage(copy_of_tiny / name, content)
+    with pytest.raises(KvtuneError, match=message):
         load_tokenizer(copy_of_tiny)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_runner import PagedRunner, backend_params
+from engine_runner import PagedRunner, backend_params, hf_greedy
 
 from kvtune.engine.model.model import load_model
 from kvtune.front.text.tokenizer import load_tokenizer
@@ -24,14 +24,7 @@ def test_greedy_matches_transformers_generate(tiny_dir: Path, hf_tiny: Any, back
     prompts = [tokenizer.encode(prompt) for prompt in PROMPTS]
     ours = PagedRunner(model, seed=3).greedy(prompts, NEW_TOKENS, tokenizer.eos_token_ids)
     for prompt, generated in zip(prompts, ours, strict=True):
-        with torch.no_grad():
-            output = hf_tiny.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-            )
-        assert generated == output[0, len(prompt) :].tolist()
+        assert generated == hf_greedy(hf_tiny, prompt, NEW_TOKENS)
 
 
 def test_tiny_model_greedy_output_is_not_degenerate(tiny_dir: Path) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from engine_loop_driver import (
     BLOCK_SIZE,
     Collector,
@@ -20,6 +19,7 @@ from engine_loop_driver import (
     random_prompt,
     run_until_idle,
 )
+from engine_runner import hf_greedy
 from greedy_workload import NEW_TOKENS, SMALL_POOL_TOKENS, WORKLOAD, workload_params
 
 from kvtune.core.scheduler import SchedulerStep
@@ -50,14 +50,7 @@ def test_greedy_through_the_engine_equals_transformers_generate(tiny_dir: Path, 
     prompts = {f"p{i}": engine.tokenizer.encode(text) for i, text in enumerate(HF_PROMPTS)}
     done = generate(engine, prompts, lambda _: greedy(HF_NEW_TOKENS))
     for rid, prompt in prompts.items():
-        with torch.no_grad():
-            output = hf_tiny.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=HF_NEW_TOKENS,
-                do_sample=False,
-            )
-        assert done.tokens(rid) == output[0, len(prompt) :].tolist(), rid
+        assert done.tokens(rid) == hf_greedy(hf_tiny, prompt, HF_NEW_TOKENS), rid
     assert_idle_and_all_free(engine)
 
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtune.engine.loop.detokenize import IncrementalText
+from kvtune.engine.loop.llm_engine import LLMEngine
 
 PROMPTS = {"a": "Hello", "b": "The capital of France is", "c": "1 2 3 4 5", "d": "Once upon a time"}
 NEW_TOKENS = 40
@@ -94,13 +95,19 @@ def _stop_string(text: str, start: int) -> tuple[str, int]:
     raise AssertionError(f"no fresh two-character string in {text!r}")
 
 
+def _engine_and_first_stop(tiny_dir: Path, tokens: list[int]) -> tuple[LLMEngine, str, str, int]:
+    """A fresh engine, the free run's text, and the stop string both stop-string tests cut it at (where)."""
+    engine = make_engine(tiny_dir)
+    full = engine.tokenizer.decode(tokens)
+    stop, at = _stop_string(full, 6)
+    return engine, full, stop, at
+
+
 def test_stop_string_truncates_the_text_and_finishes_with_reason_stop(
     tiny_dir: Path, free_run: tuple[list[int], list[int]]
 ) -> None:
     prompt, tokens = free_run
-    engine = make_engine(tiny_dir)
-    full = engine.tokenizer.decode(tokens)
-    stop, at = _stop_string(full, 6)
+    engine, full, stop, at = _engine_and_first_stop(tiny_dir, tokens)
     later, _ = _stop_string(full, at + 3)
     done = generate(engine, {"s": prompt}, lambda _: greedy(NEW_TOKENS, stop=[later, stop]))
     assert done["s"].text == full[:at]
@@ -115,9 +122,7 @@ def test_stop_string_completed_by_the_last_allowed_token_finishes_with_reason_st
     tiny_dir: Path, free_run: tuple[list[int], list[int]]
 ) -> None:
     prompt, tokens = free_run
-    engine = make_engine(tiny_dir)
-    full = engine.tokenizer.decode(tokens)
-    stop, at = _stop_string(full, 6)
+    engine, full, stop, at = _engine_and_first_stop(tiny_dir, tokens)
     needed = next(m for m in range(1, len(tokens) + 1) if stop in engine.tokenizer.decode(tokens[:m]))
     done = generate(engine, {"s": prompt}, lambda _: greedy(needed, stop=[stop]))
     assert done["s"].text == full[:at]

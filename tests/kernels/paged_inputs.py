@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kvtune.kernels import unavailable_reason
+from kvtune.kernels import paged_decode_attention, unavailable_reason
 from kvtune.kernels.cache_dtype import FP8_DTYPE
 from kvtune.kernels.write import write_kv
 
@@ -40,6 +40,14 @@ class PagedCase:
     scale: float
     k_scale: float
     v_scale: float
+
+    def decode(self, backend: str) -> torch.Tensor:
+        """paged_decode_attention of this case on `backend`, with its scales: the one call every decode
+        check makes."""
+        return paged_decode_attention(
+            self.q, self.kv_cache, self.block_tables, self.seq_lens, self.scale,
+            k_scale=self.k_scale, v_scale=self.v_scale, backend=backend,
+        )  # fmt: skip
 
 
 def build_case(

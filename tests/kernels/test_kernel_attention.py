@@ -56,16 +56,7 @@ def test_decode_matches_float64_reference(backend, block_size, heads, head_dim, 
     case = build_case(
         lengths, [1] * len(lengths), *heads, head_dim, block_size, dtype, cache_dtype, seed=block_size
     )
-    got = paged_decode_attention(
-        case.q,
-        case.kv_cache,
-        case.block_tables,
-        case.seq_lens,
-        case.scale,
-        k_scale=case.k_scale,
-        v_scale=case.v_scale,
-        backend=backend,
-    )
+    got = case.decode(backend)
     assert got.dtype == dtype and got.shape == case.q.shape
     torch.testing.assert_close(got.double(), expected_decode(case), **tolerance(dtype))
 
@@ -122,16 +113,7 @@ def test_fp8_cache_stays_within_vllm_fp8_tolerance_of_unquantised(backend):
     fp8 = build_case(lengths, [1, 1], 8, 2, 64, 16, torch.bfloat16, FP8_DTYPE, seed=11)
     exact = build_case(lengths, [1, 1], 8, 2, 64, 16, torch.bfloat16, seed=11)
     torch.testing.assert_close(fp8.q, exact.q)
-    got = paged_decode_attention(
-        fp8.q,
-        fp8.kv_cache,
-        fp8.block_tables,
-        fp8.seq_lens,
-        fp8.scale,
-        k_scale=fp8.k_scale,
-        v_scale=fp8.v_scale,
-        backend=backend,
-    )
+    got = fp8.decode(backend)
     torch.testing.assert_close(got.double(), expected_decode(exact), atol=1.5e-1, rtol=1.5e-1)
 
 
@@ -151,10 +133,7 @@ def test_cpu_fp8_decode_rounds_queries_to_bf16_only_when_they_were_bf16(query_dt
     skip_unavailable("cpu")
     lengths = [1, 37, 300, 1000]
     case = build_case(lengths, [1] * len(lengths), 8, 2, 32, 16, query_dtype, FP8_DTYPE, seed=7)
-    got = paged_decode_attention(
-        case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
-        k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
-    )  # fmt: skip
+    got = case.decode("cpu")
     torch.testing.assert_close(got.double(), expected_decode(case), **tolerance(query_dtype))
 
 
@@ -172,10 +151,7 @@ def test_cpu_fp8_decode_widens_every_e4m3_value_exactly(query_dtype):
     every_byte = torch.arange(256, dtype=torch.uint8).view(num_seqs, num_kv_heads, head_dim)
     first_blocks = case.block_tables[:, 0].long()
     case.kv_cache.view(torch.uint8)[first_blocks, 1, 0] = every_byte.to(case.kv_cache.device)
-    got = paged_decode_attention(
-        case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
-        k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
-    )  # fmt: skip
+    got = case.decode("cpu")
     values = every_byte.view(FP8_DTYPE).float() * case.v_scale  # [seq, kv head, dim]
     expected = values.repeat_interleave(got.shape[1] // num_kv_heads, dim=1).to(got.dtype)
     assert torch.isnan(expected).sum() == 2 * got.shape[1] // num_kv_heads

@@ -16,7 +16,7 @@ from attention_cases import CPU_DEFAULT, decode_lengths, expected_decode
 from paged_inputs import build_case, skip_unavailable, tolerance
 
 from kvtune.errors import KvtuneError
-from kvtune.kernels import paged_decode_attention, paged_prefill_attention
+from kvtune.kernels import paged_prefill_attention
 from kvtune.kernels import reference as oracle
 from kvtune.kernels.cpu_build import ISA_ENV, ISA_FLAGS, runnable_isas, selected_isa
 
@@ -43,10 +43,7 @@ def test_narrower_builds_decode_and_prefill_match_float64_reference(use_isa, isa
     case = build_case(
         lengths, [1] * len(lengths), *heads, head_dim, block_size, dtype, cache_dtype, seed=block_size
     )
-    got = paged_decode_attention(
-        case.q, case.kv_cache, case.block_tables, case.seq_lens, case.scale,
-        k_scale=case.k_scale, v_scale=case.v_scale, backend="cpu",
-    )  # fmt: skip
+    got = case.decode("cpu")
     torch.testing.assert_close(got.double(), expected_decode(case), **tolerance(dtype))
     pairs = [(19, 19), (5, block_size + 7), (1, 40), (33, 2 * block_size + 1)]
     case = build_case(

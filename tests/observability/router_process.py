@@ -7,7 +7,6 @@ FAILS with that command, never skips.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -20,16 +19,11 @@ import pytest
 
 from kvtune.harness.local_http import free_port
 from tests.observability.live_stack import Process
-
-INSTALLER = Path(__file__).resolve().parents[2] / "scripts" / "install_vllm_router.py"
+from tests.repo_scripts import load_script
 
 
 def installer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("install_vllm_router", INSTALLER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("install_vllm_router")
 
 
 def router_python() -> Path:

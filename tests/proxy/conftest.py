@@ -9,12 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.contract.admin import CapSetting
-from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
+from tests.proxy.live_proxy import LiveProxy, capless_client, start_tenant_proxy
 from tests.server import conftest as server_conftest
 from tests.server.live_server import LiveServer, start_server
-
-TENANT_HEADER = "X-Tenant"
 
 # The engine tests' session fixtures: one torch thread, and the tiny checkpoint.
 one_torch_thread = server_conftest.one_torch_thread
@@ -24,12 +21,11 @@ tiny_dir = server_conftest.tiny_dir
 @pytest.fixture(scope="session")
 def upstream(tiny_dir: Path) -> Iterator[LiveServer]:
     """The upstream engine: room for a few 1,000-token prompts at once, no cap of its own."""
-    live = start_server(
+    with start_server(
         tiny_dir, "--kv-cache-tokens", "8192", "--block-size", "16", "--max-num-seqs", "8",
         "--max-model-len", "2048", "--log-stats-interval", "0",
-    )  # fmt: skip
-    yield live
-    live.stop()
+    ) as live:  # fmt: skip
+        yield live
 
 
 @pytest.fixture(scope="session")
@@ -37,23 +33,15 @@ def proxy(
     upstream: LiveServer, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveProxy]:
     """The proxy in front of it: an admin token, no cap until a test sets one, tenants keyed by a header."""
-    token_file = tmp_path_factory.mktemp("proxy-admin") / "token"
-    token_file.write_text(ADMIN_TOKEN + "\n")
-    token_file.chmod(0o600)
-    live = start_proxy(
-        upstream.url, tiny_dir, "--block-size", "16", "--admin-token-file", str(token_file),
-        "--prefix-key-header", TENANT_HEADER,
-    )  # fmt: skip
-    yield live
-    live.stop()
+    with start_tenant_proxy(upstream.url, tiny_dir, tmp_path_factory.mktemp("proxy-admin")) as live:
+        yield live
 
 
 @pytest.fixture()
 def client(proxy: LiveProxy) -> Iterator[httpx.Client]:
     """A client of the proxy; the cap is back to none after each test."""
-    with httpx.Client(base_url=proxy.url, timeout=60) as http:
+    with capless_client(proxy, timeout=60) as http:
         yield http
-    proxy.core.set_cap_setting(CapSetting())
 
 
 @pytest.fixture()

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import threading
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from kvtune.contract.admin import CapSetting
 from kvtune.proxy import command
 from kvtune.proxy.app import ProxyCore
+from tests.server.live_server import StoppedOnExit, run_on_loopback
 
 ADMIN_TOKEN = "proxy-admin-token"
+TENANT_HEADER = "X-Tenant"
 
 
 @dataclass
-class LiveProxy:
+class LiveProxy(StoppedOnExit):
     url: str
     built: command.ProxyServer
     thread: threading.Thread
@@ -40,21 +44,30 @@ def start_proxy(upstream: str, model_dir: Path, *flags: str) -> LiveProxy:
     command.add_arguments(parser)
     args = parser.parse_args(["--upstream", upstream, "--model-dir", str(model_dir), *flags])
     built = command.build_proxy(args)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    thread = threading.Thread(target=built.server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    servers = [built.server]
-    if built.admin_server is not None:  # --admin-port: it binds the port the flag names
-        threading.Thread(target=built.admin_server.run, daemon=True).start()
-        servers.append(built.admin_server)
-    deadline = time.monotonic() + 30
-    while not all(server.started for server in servers):
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the proxy did not start")
-        time.sleep(0.02)
-    return LiveProxy(f"http://127.0.0.1:{port}", built, thread)
+    # --admin-port: the admin server binds the port the flag names
+    admins = [built.admin_server] if built.admin_server is not None else []
+    url, thread = run_on_loopback("proxy", built.server, *admins)
+    return LiveProxy(url, built, thread)
+
+
+def start_tenant_proxy(upstream: str, model_dir: Path, token_dir: Path) -> LiveProxy:
+    """The proxy as the proxy and SGLang suites deploy it: 16-token blocks, an admin token (in a 0600 file
+    under `token_dir`), tenants keyed by TENANT_HEADER."""
+    token_file = token_dir / "token"
+    token_file.write_text(ADMIN_TOKEN + "\n")
+    token_file.chmod(0o600)
+    return start_proxy(
+        upstream, model_dir, "--block-size", "16", "--admin-token-file", str(token_file),
+        "--prefix-key-header", TENANT_HEADER,
+    )  # fmt: skip
+
+
+@contextmanager
+def capless_client(proxy: LiveProxy, timeout: float) -> Iterator[httpx.Client]:
+    """A client of the proxy; the cap is back to none when it closes, so no test meets another's cap."""
+    with httpx.Client(base_url=proxy.url, timeout=timeout) as http:
+        yield http
+    proxy.core.set_cap_setting(CapSetting())
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -9,8 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.proxy.conftest import TENANT_HEADER
-from tests.proxy.live_proxy import LiveProxy, start_proxy
+from tests.proxy.live_proxy import TENANT_HEADER, LiveProxy, start_proxy
 from tests.proxy.prefix_chats import SHARED_SYSTEM_PROMPT, clean_chat, stamped_chat
 from tests.server.live_server import LiveServer, scrape
 

@@ -34,23 +34,21 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     an admin token, and a waiting-queue limit high enough that ordinary tests never meet it."""
     token_file = tmp_path_factory.mktemp("admin") / "token"
     token_file.write_text(ADMIN_TOKEN + "\n")
-    live = start_server(
+    with start_server(
         tiny_dir,
         "--kv-cache-tokens", "1024", "--block-size", "16", "--max-num-seqs", "8",
         "--max-waiting-requests", "64", "--admin-token-file", str(token_file), "--log-stats-interval", "1",
-    )  # fmt: skip
-    yield live
-    live.stop()
+    ) as live:  # fmt: skip
+        yield live
 
 
 @pytest.fixture(scope="session")
 def narrow_server(tiny_dir: Path) -> Iterator[LiveServer]:
     """One running request, one waiting, no admin token: for the 503 and admin-404 checks."""
-    live = start_server(
+    with start_server(
         tiny_dir, "--kv-cache-tokens", "1024", "--max-num-seqs", "1", "--max-waiting-requests", "1"
-    )
-    yield live
-    live.stop()
+    ) as live:
+        yield live
 
 
 @pytest.fixture()

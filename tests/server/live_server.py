@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
+import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.engine import command as serve
@@ -24,8 +25,22 @@ T = TypeVar("T")
 ADMIN_TOKEN = "test-admin-token"
 
 
+class StoppedOnExit:
+    """A running server as a context manager: `with start_server(...) as live:` stops it however the block
+    ends, for the live server and the live proxy alike."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 @dataclass
-class LiveServer:
+class LiveServer(StoppedOnExit):
     """A running server and handles on its engine, for checks no HTTP endpoint exposes."""
 
     url: str
@@ -112,17 +127,27 @@ def start_server(model_dir: Path, *flags: str) -> LiveServer:
         ["--model", str(model_dir), "--served-model-name", "tiny", "--threads", "1", *flags]
     )
     built = serve.build_server(args)
+    url, thread = run_on_loopback("server", built.uvicorn)
+    return LiveServer(url, built, thread)
+
+
+def run_on_loopback(what: str, main: uvicorn.Server, *others: uvicorn.Server) -> tuple[str, threading.Thread]:
+    """Run `main` in a daemon thread on a free loopback port (`others` on the ports their configs name) and
+    wait until all have started: how the live server and the live proxy both come up. Returns main's URL and
+    thread."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    thread = threading.Thread(target=built.uvicorn.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=main.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    for other in others:
+        threading.Thread(target=other.run, daemon=True).start()
     deadline = time.monotonic() + 30
-    while not built.uvicorn.started:
+    while not all(server.started for server in (main, *others)):
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
+            raise RuntimeError(f"the {what} did not start")
         time.sleep(0.02)
-    return LiveServer(f"http://127.0.0.1:{port}", built, thread)
+    return f"http://127.0.0.1:{port}", thread
 
 
 PROMETHEUS_2_ACCEPT = (

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import pytest
 from kvtune.bench.proxy import shared_document, stamp
 from kvtune.core.prefix_defeats import REASONS
 from tests.server.live_server import LiveServer, Samples, scrape, start_server, total
+from tests.stand_in_http import QuietHandler
 
 CLIENTS = 64
 # Shared system prompts, in characters: the tiny tokenizer is byte-level, one token per character.
@@ -96,20 +97,15 @@ class ScrapeRelay:
         self.scrapes = 0
         relay = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "authorization")}
                 answer = httpx.get(f"{upstream}{self.path}", headers=headers, timeout=60)
-                self.send_response(answer.status_code)
-                self.send_header("Content-Type", answer.headers.get("content-type", "text/plain"))
-                self.send_header("Content-Length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
+                self.send_whole(
+                    answer.status_code, answer.content, answer.headers.get("content-type", "text/plain")
+                )
                 if self.path.startswith("/metrics"):
                     relay.scrapes += 1
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"

@@ -18,21 +18,13 @@ from dataclasses import dataclass
 
 import httpx
 
+from kvtune.bench.soak import INVALID, SHARED
 from kvtune.engine.loop.llm_engine import EngineCounters
 from tests.server.live_server import LiveServer
 
 SOAK_SECONDS = float(os.environ.get("KVTUNE_SOAK_SECONDS", "120"))
 HANG_S = 10 * SOAK_SECONDS + 600
 WORKERS = 12
-SHARED_PREFIX = [ord(c) for c in "You are a terse assistant. Answer in one line. " * 2]
-INVALID = [
-    {"prompt": "x", "max_tokens": -5},
-    {"prompt": "x", "max_tokens": 10**9},
-    {"model": "other", "prompt": "x"},
-    {"prompt": ""},
-    {"prompt": [10**7]},
-    {"prompt": "x", "temperature": "warm"},
-]
 
 
 @dataclass
@@ -48,7 +40,7 @@ class Tally:
 
 def random_body(rng: random.Random) -> dict[str, object]:
     own = [rng.randrange(32, 127) for _ in range(rng.randint(20, 120))]
-    prompt = (SHARED_PREFIX + own) if rng.random() < 0.4 else own
+    prompt = (SHARED + own) if rng.random() < 0.4 else own
     return {
         "prompt": prompt,
         "max_tokens": rng.randint(50, 250),

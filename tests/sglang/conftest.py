@@ -9,12 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvtune.contract.admin import CapSetting
 from kvtune.engine.model.tiny_model import write_tiny_model
-from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy, start_proxy
+from tests.proxy.live_proxy import LiveProxy, capless_client, start_tenant_proxy
 from tests.sglang.stand_in import SGLangStandIn
-
-TENANT_HEADER = "X-Tenant"
 
 
 @pytest.fixture(scope="session")
@@ -32,24 +29,14 @@ def sglang() -> Iterator[SGLangStandIn]:
 
 
 @pytest.fixture()
-def proxy(
-    sglang: SGLangStandIn, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LiveProxy]:
+def proxy(sglang: SGLangStandIn, tiny_dir: Path, tmp_path: Path) -> Iterator[LiveProxy]:
     """`kvtune proxy` in front of the stand-in, as one would deploy it in front of SGLang: its block size is
     SGLang's --page-size (16 in the recording), an admin token, tenants keyed by a header."""
-    token_file = tmp_path_factory.mktemp("proxy-admin") / "token"
-    token_file.write_text(ADMIN_TOKEN + "\n")
-    token_file.chmod(0o600)
-    live = start_proxy(
-        sglang.url, tiny_dir, "--block-size", "16", "--admin-token-file", str(token_file),
-        "--prefix-key-header", TENANT_HEADER,
-    )  # fmt: skip
-    yield live
-    live.stop()
+    with start_tenant_proxy(sglang.url, tiny_dir, tmp_path) as live:
+        yield live
 
 
 @pytest.fixture()
 def client(proxy: LiveProxy) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+    with capless_client(proxy, timeout=30) as http:
         yield http
-    proxy.core.set_cap_setting(CapSetting())

@@ -22,9 +22,8 @@ from kvtune.operator.decide.sample import Sample
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from tests.operator.helpers import parse_exposition
-from tests.proxy.live_proxy import LiveProxy
+from tests.proxy.live_proxy import TENANT_HEADER, LiveProxy
 from tests.proxy.prefix_chats import clean_chat, stamped_chat
-from tests.sglang.conftest import TENANT_HEADER
 from tests.sglang.stand_in import SGLangStandIn, metrics_scrapes
 
 T0, T1 = metrics_scrapes()

@@ -7,10 +7,9 @@ from __future__ import annotations
 import httpx
 
 from kvtune.contract.admin import CAP_HEADER
-from tests.proxy.live_proxy import ADMIN_TOKEN, LiveProxy
+from tests.proxy.live_proxy import ADMIN_TOKEN, TENANT_HEADER, LiveProxy
 from tests.proxy.prefix_chats import stamped_chat
 from tests.server.live_server import Samples, scrape
-from tests.sglang.conftest import TENANT_HEADER
 from tests.sglang.stand_in import CONTEXT_LEN, SGLangStandIn, recorded_events
 
 COMPLETION = {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
