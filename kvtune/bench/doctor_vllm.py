@@ -44,9 +44,9 @@ from kvtune.core.predict import Objective
 from kvtune.errors import KvtuneError
 from kvtune.harness.load import BatchSpec, LoadResult, run_batch
 from kvtune.harness.scrape import metric_totals
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import plan
 from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.sample import EngineView
 from kvtune.operator.doctor.command import SINCE_BOOT, collect, examine, report
 from kvtune.operator.doctor.whatif import what_if_section
 from kvtune.operator.io.sources import MetricsEndpoint

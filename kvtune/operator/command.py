@@ -24,7 +24,7 @@ from kvtune.operator.decide.ports import Actuator, MetricSource
 from kvtune.operator.io.actuators import PROXY_KNOBS, ComposedActuator, KvtuneAdminActuator
 from kvtune.operator.io.own_metrics import DEFAULT_PORT, OperatorMetrics
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint, url_problem
-from kvtune.operator.k8s.rate_limit import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS
+from kvtune.operator.k8s.kube_api import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

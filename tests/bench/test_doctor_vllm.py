@@ -32,7 +32,7 @@ from kvtune.bench.doctor_vllm import (
 )
 from kvtune.cli import build_parser, main
 from kvtune.harness.load import BatchSpec
-from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.sample import EngineView
 from tests.operator.helpers import serve_bodies, vllm_asking_long
 
 

@@ -15,8 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.decide.engine_view import EngineView
-from kvtune.operator.decide.sample import Histogram, NoData, Sample, SampleResult, sample_from_series
+from kvtune.operator.decide.sample import (
+    EngineView,
+    Histogram,
+    NoData,
+    Sample,
+    SampleResult,
+    sample_from_series,
+)
 from kvtune.operator.io.sources import exposition_series
 
 FIXTURES = Path(__file__).parent / "fixtures"

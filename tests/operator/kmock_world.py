@@ -17,7 +17,7 @@ from typing import Any
 import kmock
 import kopf
 
-from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
+from kvtune.operator.decide.policy import UNDO_ANNOTATION
 from kvtune.operator.io.own_metrics import OperatorMetrics
 from kvtune.operator.k8s.crd import KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef

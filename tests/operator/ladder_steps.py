@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.policy import Mode, TuningPolicy
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import EngineView, Sample
 from kvtune.operator.decide.tuner import Decision, TunerState, decide
 from kvtune.operator.decide.window import Window
 from tests.operator.helpers import synthetic

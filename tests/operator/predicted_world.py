@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
-from kvtune.operator.decide.engine_view import EngineView
-from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.sample import EngineView, Histogram, Sample
 
 POOL = 4096
 

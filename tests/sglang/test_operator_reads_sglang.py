@@ -15,10 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvtune.cli import main
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.diagnosis import diagnose
-from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.ladder import flag_prefix_defeat
 from kvtune.operator.decide.policy import TuningPolicy
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import Sample, engine_view_from_sample
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from tests.operator.helpers import parse_exposition

@@ -22,8 +22,7 @@ from kvtune.core.workload_fit import (
     Scrape,
     fit_workload,
 )
-from kvtune.operator.decide.engine_view import EngineView
-from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.sample import EngineView, Histogram, Sample
 from kvtune.operator.decide.window import Window
 
 

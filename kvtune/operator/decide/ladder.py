@@ -14,9 +14,9 @@ from enum import Enum
 from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.continuity import ALTERNATING_HINT
 from kvtune.operator.decide.diagnosis import Diagnosis
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.policy import TuningPolicy
 from kvtune.operator.decide.prefix_fixes import fix_text
+from kvtune.operator.decide.sample import EngineView
 
 FEEDBACK_STEP = 0.2  # each feedback step lowers max_num_seqs by this fraction (at least one)
 CAP_TOLERANCE = 1.1  # an existing cap within 10% of the recommendation is left alone

@@ -29,13 +29,12 @@ from dataclasses import dataclass, field, replace
 from kvtune.operator.decide import scaling
 from kvtune.operator.decide.continuity import ALTERNATING, ALTERNATING_HINT, RESTART, Continuity, judge
 from kvtune.operator.decide.diagnosis import diagnose
-from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.decide.ladder import rungs
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.ports import Actuator, ActuatorResult, MetricSource
 from kvtune.operator.decide.restart import drifted, pool_changed
 from kvtune.operator.decide.restart_budget import Verdict
-from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.decide.sample import EngineView, NoData, Sample, engine_view_from_sample
 from kvtune.operator.decide.tuner import Change, Decision, TunerState, Value, decide
 from kvtune.operator.decide.window import Window
 

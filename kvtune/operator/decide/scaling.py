@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from kvtune.contract import metrics as m
 from kvtune.core.replicas import Demand, ReplicaPlan, fleet_demand, no_preemption_cost, replicas_needed
 from kvtune.core.workload_fit import FittedWorkload, Insufficient
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.fit_window import fit_from_window
 from kvtune.operator.decide.policy import ScalingPolicy, TuningPolicy
 from kvtune.operator.decide.prediction import fit_limits, objective_of
+from kvtune.operator.decide.sample import EngineView
 from kvtune.operator.decide.window import Window
 
 

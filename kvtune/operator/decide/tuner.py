@@ -22,8 +22,7 @@ from kvtune.contract.metrics import REQUEST_GENERATION_TOKENS, RUNNING
 from kvtune.core.predict import NoForecast, judge, plan
 from kvtune.core.workload_fit import Insufficient
 from kvtune.operator.decide.continuity import Continuity
-from kvtune.operator.decide.diagnosis import Diagnosis, diagnose
-from kvtune.operator.decide.engine_view import EngineView
+from kvtune.operator.decide.diagnosis import Diagnosis, diagnose, kv_pressure_increase
 from kvtune.operator.decide.fit_window import fit_from_window, settings_of
 from kvtune.operator.decide.ladder import (
     LADDER,
@@ -39,7 +38,7 @@ from kvtune.operator.decide.ladder import (
 )
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.prediction import PredictionState, fit_limits, objective_of
-from kvtune.operator.decide.preemption_detail import kv_pressure_increase
+from kvtune.operator.decide.sample import EngineView
 from kvtune.operator.decide.scaling import ScalingState
 from kvtune.operator.decide.window import Window
 

@@ -4,7 +4,7 @@ it (the `before` of its first applied action), and stop holding the tuned values
 The operator keeps those first values in the policy's status (`status.original`) from the moment it
 acts, because the history it also reads them from keeps only its last 32 entries. An undo is asked for
 with the `kvtune.dev/undo` annotation (any value; a new value asks again); while the annotation is there
-the policy is held at Recommend (`mode_ceiling`), so the tuner does not take the values straight back.
+the policy is held at Recommend (`policy.effective_mode`), so the tuner does not take the values straight back.
 The first values are forgotten once restored: the next action records a new baseline.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from kvtune.contract.knobs import KNOB_KV_CACHE_DTYPE, KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.ladder import Remedy
-from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
+from kvtune.operator.decide.policy import UNDO_ANNOTATION
 from kvtune.operator.decide.ports import Actuator
 from kvtune.operator.decide.tuner import HistoryEntry, JudgedFigures, TunerState, Value
 

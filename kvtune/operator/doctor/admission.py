@@ -11,7 +11,7 @@ from typing import Any
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.admission_flag import choose_flag
 from kvtune.operator.decide.sample import Sample
-from kvtune.operator.io.engine_version import read_vllm_version
+from kvtune.operator.io.http import read_vllm_version
 
 ASKED = "the engine's /version"  # where choose_flag says a reported version came from
 NOT_VLLM_GAUGES = (m.MAX_NUM_SEQS, m.RETRACTED_NOW, m.CACHE_HIT_RATE_GAUGE)  # kvtune's, SGLang's own

@@ -26,12 +26,11 @@ from kvtune.contract.prefix_report import report_url
 from kvtune.core.predict import NO_PREEMPTION, OBJECTIVES
 from kvtune.errors import KvtuneError
 from kvtune.operator.decide.diagnosis import Diagnosis, Finding, diagnose, no_data
-from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.decide.ladder import Advice, plan
 from kvtune.operator.decide.policy import TuningPolicy
 from kvtune.operator.decide.ports import MetricSource
 from kvtune.operator.decide.prediction import objective_of
-from kvtune.operator.decide.sample import NoData, Sample
+from kvtune.operator.decide.sample import EngineView, NoData, Sample, engine_view_from_sample
 from kvtune.operator.decide.window import Window, since_boot
 from kvtune.operator.doctor.admission import admission_advice
 from kvtune.operator.doctor.engine_config import (

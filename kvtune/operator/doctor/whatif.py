@@ -13,10 +13,9 @@ from kvtune.core.predict import GOODPUT, Forecast, Objective, plan, table_lines
 from kvtune.core.replicas import fleet_demand, no_preemption_cost, replicas_needed
 from kvtune.core.whatif import Prediction
 from kvtune.core.workload_fit import FittedWorkload, Insufficient
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.fit_window import fit_from_window
 from kvtune.operator.decide.policy import ScalingPolicy
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import EngineView, Sample
 from kvtune.operator.decide.scaling import replicas_in
 from kvtune.operator.decide.window import Window
 

@@ -22,8 +22,7 @@ from typing import Any
 import kopf
 import pydantic
 
-from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION
-from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.policy import UNDO_ANNOTATION, Mode
 from kvtune.operator.io.http import close_shared_client
 from kvtune.operator.io.own_metrics import (
     ERROR_EVALUATION,
@@ -34,8 +33,14 @@ from kvtune.operator.io.own_metrics import (
 from kvtune.operator.k8s.crd import GROUP, PLURAL, VERSION, KVTuningPolicySpec
 from kvtune.operator.k8s.events import PolicyRef
 from kvtune.operator.k8s.informer import ObjectCache
-from kvtune.operator.k8s.kube_api import KubeApi, KubeError
-from kvtune.operator.k8s.rate_limit import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS, TokenBucket
+from kvtune.operator.k8s.kube_api import (
+    DEFAULT_BURST,
+    DEFAULT_QPS,
+    DEFAULT_WORKERS,
+    KubeApi,
+    KubeError,
+    TokenBucket,
+)
 from kvtune.operator.k8s.reconcile import PolicyMemory, PolicyTick, run_once
 from kvtune.operator.k8s.status_writes import refresh_seconds
 

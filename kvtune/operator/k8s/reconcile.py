@@ -18,15 +18,12 @@ from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
 from kvtune.core.objectives import default_round_to
 from kvtune.operator.decide.diagnosis import corrupt_text
 from kvtune.operator.decide.findings import Fact, Facts, FindingKind, fact, steady, tick_facts, transitions
-from kvtune.operator.decide.freshness import Freshness
 from kvtune.operator.decide.loop import Held, Tick, step, window_length
 from kvtune.operator.decide.memory import TickMemory
-from kvtune.operator.decide.mode_ceiling import ModeDecision, effective_mode
-from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.policy import Mode, ModeDecision, TuningPolicy, effective_mode
 from kvtune.operator.decide.pooling import PodEvidence, PoolState, worst_pod_line
 from kvtune.operator.decide.ports import Actuator
 from kvtune.operator.decide.prediction import PredictionState, objective_of
-from kvtune.operator.decide.readiness import Standing, ready
 from kvtune.operator.decide.sample import NoData
 from kvtune.operator.decide.status import (
     CONDITION_TYPES,
@@ -34,9 +31,11 @@ from kvtune.operator.decide.status import (
     ConditionState,
     ConditionStatus,
     Knobs,
+    Standing,
     TickStatus,
     condition,
     condition_states,
+    ready,
     recommended_knobs,
     record_tick,
 )
@@ -51,6 +50,7 @@ from kvtune.operator.io.own_metrics import (
     OperatorMetrics,
     evaluation_of,
 )
+from kvtune.operator.k8s.bounded_patch import Freshness
 from kvtune.operator.k8s.crd import (
     Condition,
     DesiredValues,
@@ -73,8 +73,16 @@ from kvtune.operator.k8s.pods import Pod, PooledSource
 from kvtune.operator.k8s.replica_signal import ReplicaSignal, replica_signal
 from kvtune.operator.k8s.secret_cache import SecretCache
 from kvtune.operator.k8s.status_writes import StatusWrites
-from kvtune.operator.k8s.wiring import actuator_for, advisory, args_actuator_of, source_for
-from kvtune.operator.k8s.workload import is_workload, pod_statuses, workload_pods, workload_source
+from kvtune.operator.k8s.wiring import (
+    actuator_for,
+    advisory,
+    args_actuator_of,
+    is_workload,
+    pod_statuses,
+    source_for,
+    workload_pods,
+    workload_source,
+)
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
 from kvtune.operator.k8s.workload_watch import Watched, after_patch, follow, needs_read
 from kvtune.operator.k8s.workload_watch import conditions as watch_conditions

@@ -28,9 +28,9 @@ from kvtune.operator.decide.admission_flag import (
     choose_flag,
     container_device,
 )
-from kvtune.operator.decide.freshness import Freshness
 from kvtune.operator.decide.ports import ActuatorInfo, ActuatorResult
-from kvtune.operator.io.engine_version import VERSIONS
+from kvtune.operator.io.http import VERSIONS
+from kvtune.operator.k8s.bounded_patch import Freshness
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError, WorkloadKind
 
 # the engine flag that bounds concurrently running requests (vLLM's is chosen per workload)
@@ -121,7 +121,7 @@ class WorkloadArgsActuator:
         )
         self.conflicts = 0  # resourceVersion conflicts met (and retried) by this actuator's patches
         self.observed: dict[str, Any] | None = None  # the workload as this evaluation read it (see observe)
-        # the data this evaluation decides on (decide/freshness.py): a patch lands within one interval of it
+        # the data this evaluation decides on (`bounded_patch.Freshness`): a patch lands within one interval of it
         # or is not made; None: no bound (the actuator used outside an evaluation)
         self.freshness: Freshness | None = None
         self.clock: Callable[[], float] = time.time

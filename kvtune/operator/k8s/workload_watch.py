@@ -12,8 +12,10 @@
   `REVERTS_TOLERATED` times; at the next revert it stops: the value becomes a recommendation, the args
   stay as the other manager wants them, and it does not patch them again until the policy is edited.
 
-Pure except for the one read of the workload the caller passes in.
-"""
+Where a rollout stands (`rollout`) is read from the object the API server returns: a Deployment that
+stops progressing says so itself (condition Progressing=False, reason ProgressDeadlineExceeded, after
+spec.progressDeadlineSeconds); a StatefulSet has no deadline, so the watch bounds the wait for it. Pure
+except for the one read of the workload the caller passes in."""
 
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ from kvtune.operator.k8s.crd import WorkloadWatch
 from kvtune.operator.k8s.events import EventSpec
 from kvtune.operator.k8s.kube_api import FIELD_MANAGER
 from kvtune.operator.k8s.managed_fields import other_owner
-from kvtune.operator.k8s.rollout import rollout
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
 
 REVERTS_TOLERATED = 2  # the operator re-applies its value after this many reverts; the next one it yields to
@@ -177,3 +178,55 @@ class AdvisoryWorkload:
 
     def describe(self) -> ActuatorInfo:
         return self.actuator.describe()  # yielded, but still read: its flag is still the one in force
+
+
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    done: bool
+    stalled: bool  # the controller gave up on it (a Deployment past its progress deadline)
+    summary: str  # e.g. "generation 4: 1 of 3 replicas updated, 3 available"
+
+
+def _count(status: dict[str, Any], key: str) -> int:
+    value = status.get(key)
+    return value if isinstance(value, int) else 0
+
+
+def rollout(workload: dict[str, Any]) -> Rollout:
+    """The rollout of the workload's current generation (`kubectl rollout status`'s rules)."""
+    metadata, spec, status = (workload.get(key) or {} for key in ("metadata", "spec", "status"))
+    generation = metadata.get("generation")
+    wanted = spec.get("replicas", 1)
+    wanted = wanted if isinstance(wanted, int) else 1
+    observed = status.get("observedGeneration")
+    updated, available = _count(status, "updatedReplicas"), _count(status, "availableReplicas")
+    total = _count(status, "replicas")
+    summary = f"generation {generation}: {updated} of {wanted} replicas updated, {available} available"
+    if total > updated:
+        summary += f", {total - updated} old still running"
+    seen = isinstance(observed, int) and isinstance(generation, int) and observed >= generation
+    if not seen:
+        return Rollout(False, False, f"{summary} (the controller has not seen it yet)")
+    if workload.get("kind") == "StatefulSet":
+        revisions = status.get("currentRevision"), status.get("updateRevision")
+        done = (
+            updated >= wanted and _count(status, "readyReplicas") >= wanted and revisions[0] == revisions[1]
+        )
+    else:
+        done = updated >= wanted and total <= updated and available >= wanted
+    if done:
+        return Rollout(True, False, summary)
+    progressing = next(
+        (c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == "Progressing"),
+        None,
+    )
+    if (
+        progressing
+        and progressing.get("status") == "False"
+        and progressing.get("reason") == PROGRESS_DEADLINE_EXCEEDED
+    ):
+        return Rollout(False, True, f"{summary}: {progressing.get('message') or PROGRESS_DEADLINE_EXCEEDED}")
+    return Rollout(False, False, summary)

@@ -23,10 +23,10 @@ from kvtune.harness.engine_process import start_engine, write_tiny_model_in_subp
 from kvtune.harness.load import BackgroundLoad, LoadShape
 from kvtune.harness.server import ServerProcess
 from kvtune.operator.decide.diagnosis import diagnose
-from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.ladder import plan
 from kvtune.operator.decide.loop import Tick, run_loop
 from kvtune.operator.decide.policy import Mode, TuningPolicy
+from kvtune.operator.decide.sample import engine_view_from_sample
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.actuators import KvtuneAdminActuator
 from kvtune.operator.io.sources import MetricsEndpoint

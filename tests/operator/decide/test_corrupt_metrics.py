@@ -22,11 +22,10 @@ from kvtune.cli import main
 from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.diagnosis import diagnose
-from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.loop import step
 from kvtune.operator.decide.policy import Mode, TuningPolicy
 from kvtune.operator.decide.ports import ActuatorResult
-from kvtune.operator.decide.sample import NoData, Sample, SampleResult
+from kvtune.operator.decide.sample import NoData, Sample, SampleResult, engine_view_from_sample
 from kvtune.operator.decide.tuner import TunerState
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.local_metrics import LocalRecorder

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.loop import Tick
 from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.sample import EngineView
 from kvtune.operator.decide.tuner import Decision, TunerState
 from kvtune.operator.io.own_metrics import Evaluation, OperatorMetrics, evaluation_of
 from tests.operator.helpers import kvtune_engine, series_value

@@ -20,16 +20,16 @@ from hypothesis import strategies as st
 from kvtune.cli import main
 from kvtune.contract import metrics as m
 from kvtune.contract.preemptions import REQUEST_PREEMPTIONS_BUCKETS
-from kvtune.operator.decide.diagnosis import Diagnosis, diagnose
-from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
-from kvtune.operator.decide.ladder import Remedy, plan
-from kvtune.operator.decide.policy import TuningPolicy
-from kvtune.operator.decide.preemption_detail import (
+from kvtune.operator.decide.diagnosis import (
+    Diagnosis,
+    diagnose,
     kv_pressure_increase,
     preempted_requests,
     preemption_causes,
 )
-from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.ladder import Remedy, plan
+from kvtune.operator.decide.policy import TuningPolicy
+from kvtune.operator.decide.sample import EngineView, Histogram, Sample, engine_view_from_sample
 from kvtune.operator.decide.status import conditions_for
 from kvtune.operator.decide.window import Window
 from tests.operator.helpers import fixture_text, parse_exposition, serve_bodies

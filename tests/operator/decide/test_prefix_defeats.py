@@ -13,10 +13,9 @@ import pytest
 from kvtune.cli import main
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.diagnosis import Diagnosis, diagnose
-from kvtune.operator.decide.engine_view import EngineView, engine_view_from_sample
 from kvtune.operator.decide.ladder import cap_max_tokens, flag_prefix_defeat
 from kvtune.operator.decide.policy import TuningPolicy
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import EngineView, Sample, engine_view_from_sample
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.sources import EngineWithProxy, MetricsEndpoint
 from tests.operator.helpers import (

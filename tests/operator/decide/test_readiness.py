@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvtune.operator.decide.mode_ceiling import effective_mode
-from kvtune.operator.decide.policy import Mode
-from kvtune.operator.decide.readiness import Standing, ready
+from kvtune.operator.decide.policy import Mode, effective_mode
+from kvtune.operator.decide.status import Standing, ready
 from kvtune.operator.io.actuators import KvtuneAdminActuator
 from kvtune.operator.k8s.crd import KVTuningPolicySpec, WorkloadWatch
 from kvtune.operator.k8s.events import PolicyRef

@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 from kvtune.contract import metrics as m
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS, KNOB_MAX_TOKENS_CAP
 from kvtune.operator.decide.diagnosis import Diagnosis
-from kvtune.operator.decide.engine_view import EngineView
 from kvtune.operator.decide.ladder import probe_max_num_seqs
 from kvtune.operator.decide.policy import Mode, TuningPolicy
-from kvtune.operator.decide.sample import Histogram, Sample
+from kvtune.operator.decide.sample import EngineView, Histogram, Sample
 from kvtune.operator.decide.tuner import Decision, TunerState, decide
 from kvtune.operator.decide.window import Window
 

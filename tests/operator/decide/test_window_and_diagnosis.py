@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from kvtune.contract import metrics as m
 from kvtune.operator.decide.diagnosis import diagnose, pooled_p95_concurrency
-from kvtune.operator.decide.engine_view import engine_view_from_sample
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import Sample, engine_view_from_sample
 from kvtune.operator.decide.window import Window, histogram_quantile
 from tests.operator.helpers import cumulative, kvtune_engine, recorded, synthetic
 

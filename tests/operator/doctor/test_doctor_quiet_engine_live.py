@@ -16,10 +16,9 @@ from kvtune.cli import main
 from kvtune.engine.model.tiny_model import write_tiny_model
 from kvtune.harness.load import BatchSpec, run_batch
 from kvtune.operator.decide.diagnosis import diagnose
-from kvtune.operator.decide.engine_view import engine_view_from_sample
 from kvtune.operator.decide.ladder import lower_max_num_seqs
 from kvtune.operator.decide.policy import TuningPolicy
-from kvtune.operator.decide.sample import Sample
+from kvtune.operator.decide.sample import Sample, engine_view_from_sample
 from kvtune.operator.decide.window import Window
 from kvtune.operator.io.sources import MetricsEndpoint
 from tests.server.live_server import LiveServer, start_server

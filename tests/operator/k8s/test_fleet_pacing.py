@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtune.operator.io.engine_version import VersionCache
+from kvtune.operator.io.http import VersionCache
 from kvtune.operator.k8s.informer import ObjectCache
-from kvtune.operator.k8s.rate_limit import TokenBucket
+from kvtune.operator.k8s.kube_api import TokenBucket
 from kvtune.operator.k8s.status_writes import StatusWrites, meaning, refresh_seconds
 
 

@@ -14,8 +14,7 @@ import pytest
 
 import kvtune.operator.k8s.handlers  # noqa: F401  (registers the handlers with kopf)
 from kvtune.operator.decide.ladder import Remedy
-from kvtune.operator.decide.mode_ceiling import UNDO_ANNOTATION, effective_mode
-from kvtune.operator.decide.policy import Mode
+from kvtune.operator.decide.policy import UNDO_ANNOTATION, Mode, effective_mode
 from kvtune.operator.decide.tuner import HistoryEntry, JudgedFigures
 from kvtune.operator.decide.undo import first_values
 from kvtune.operator.k8s.reconcile import PolicyMemory

@@ -11,9 +11,15 @@ import pytest
 
 from kvtune.operator.k8s.crd import WorkloadWatch
 from kvtune.operator.k8s.managed_fields import args_owners, container_key, other_owner
-from kvtune.operator.k8s.rollout import rollout
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
-from kvtune.operator.k8s.workload_watch import REVERTS_TOLERATED, after_patch, conditions, follow, needs_read
+from kvtune.operator.k8s.workload_watch import (
+    REVERTS_TOLERATED,
+    after_patch,
+    conditions,
+    follow,
+    needs_read,
+    rollout,
+)
 
 ARGS = ["--model", "m", "--max-num-seqs", "64", "--max-num-active-seqs"]
 

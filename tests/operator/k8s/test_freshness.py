@@ -1,6 +1,6 @@
 """A change lands within one interval of the data it was decided on, or is not made (issue 38: etcd
 restarted with the operator's patch in flight let it land 5.7 s after its data). The rule is pure
-(decide/freshness.py); the Deployment-args actuator checks it before each read and before the patch, and
+(`k8s.bounded_patch.Freshness`); the Deployment-args actuator checks it before each read and before the patch, and
 the patch itself carries the deadline to the API server (`timeout`), which gives it up then, and is never
 retried by the client."""
 
@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 
 from kvtune.contract.knobs import KNOB_MAX_NUM_SEQS
-from kvtune.operator.decide.freshness import Freshness
+from kvtune.operator.k8s.bounded_patch import Freshness
 from kvtune.operator.k8s.kube_api import KubeApi, KubeError
 from kvtune.operator.k8s.workload_actuator import WorkloadArgsActuator
 from tests.operator.helpers import QuietHandler, reply, serving
