@@ -63,7 +63,9 @@ step() { echo "== $*"; }
 exec 9>"$cache/lock"
 flock 9
 [ -d "$layout" ] || umoci init --layout "$layout"
-has_tag() { umoci ls --layout "$layout" | grep -qx "$1"; }
+# grep reads the whole list: `grep -q` would stop at the first match and, under pipefail, umoci's SIGPIPE
+# would make a tag that is there read as missing (the base was then built twice, and the images differed).
+has_tag() { umoci ls --layout "$layout" | grep -x "$1" >/dev/null; }
 
 base="base-bookworm"
 final="build-$kind-$$"
