@@ -99,8 +99,9 @@ def wrap(obj, name, label):
 wrap(eng.scheduler, "schedule", "py:schedule")
 wrap(eng, "_chunks", "py:chunks")
 wrap(eng.runner, "sample", "sampling")
-wrap(eng, "_append", "py:append")
-wrap(eng, "_drain_finished", "py:drain")
+# the step's appends and outputs, where they are since one update_from_output per step (issue 39)
+wrap(eng.scheduler, "update_from_output", "py:append")
+wrap(eng.output, "process", "py:outputs")
 orig_build = MR.build_batch
 
 
@@ -141,7 +142,7 @@ for k in [
     "py:chunks",
     "py:build_batch",
     "py:append",
-    "py:drain",
+    "py:outputs",
 ]:
     if k in ka:
         print(
