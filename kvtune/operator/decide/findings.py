@@ -1,6 +1,6 @@
 """When a fact about a policy's engine starts, changes and ends: no data, an alternating source, corrupt
 series, the proxy's metrics missing, no actuator, a capped mode, pods that disagree, a held change. Each is
-reported at its edges, never once per tick; the cluster posts the reports as Events (`k8s.findings`), the
+reported at its edges, never once per tick; the cluster posts the reports as Events (`k8s.events`), the
 --local loop logs them (`io.local_metrics`), with the same words. Pure: values in, values out.
 """
 
@@ -112,8 +112,6 @@ def tick_facts(tick: Tick, held: bool = True) -> dict[FindingKind, Fact | None]:
     facts["corrupt"] = fact(corrupt_text(corrupt))
     if held:
         facts["change_held"] = (
-            Fact(tick.held.verdict.reason, f"{tick.held.what} held: {tick.held.verdict.message}")
-            if tick.held is not None
-            else None
+            Fact(tick.held.verdict.reason, tick.held.text) if tick.held is not None else None
         )
     return facts

@@ -48,6 +48,11 @@ class Held:
     what: str
     verdict: Verdict
 
+    @property
+    def text(self) -> str:
+        """How the held change is said, in its finding and in the Ready condition alike."""
+        return f"{self.what} held: {self.verdict.message}"
+
 
 @dataclass(frozen=True)
 class Tick:

@@ -4,9 +4,9 @@ CPU, 59% of the operator's samples at 100 policies); one client builds it once a
 pods alive from one tick to the next. httpx's client is safe to share between the evaluation threads.
 
 The one thing it keeps between ticks: vLLM's own `GET /version` (`VERSIONS`), which decides the admission
-flag the operator patches. A version changes only
-when the pods roll, so the operator asks each engine once and keeps the answer for `VERSION_TTL_S`
-(one read per policy per tick was one request more per tick, on a fresh connection)."""
+flag the operator patches. A version changes only when the pods roll, so the operator asks each engine once
+and keeps the answer for `VERSION_TTL_S` (one read per policy per tick was one request more per tick, on a
+fresh connection)."""
 
 from __future__ import annotations
 

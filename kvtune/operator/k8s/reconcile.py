@@ -605,7 +605,7 @@ def standing_conditions(
     decision = prelude.decision
     standing = Standing(
         decision.mode, no_data=tick.no_data, alternating=tick.holding, actuator=prelude.error, stalled=stalled,
-        yielded=yielded, held=f"{tick.held.what} held: {tick.held.verdict.message}" if tick.held else None,
+        yielded=yielded, held=tick.held.text if tick.held else None,
         capped=decision.message if decision.capped else None,
     )  # fmt: skip
     return [actuator_condition(conditions, prelude.error, now), ready_condition(conditions, standing, now)]
