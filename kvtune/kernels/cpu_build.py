@@ -46,8 +46,11 @@ SOURCE = INCLUDE_DIR / "paged_attention_cpu.cpp"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 MODEL_OPS_SOURCE = INCLUDE_DIR / "model_ops_cpu.cpp"
 # Flags of one source only: the model's fused ops must round each product and sum as torch does (no fused
-# multiply-add).
-SOURCE_FLAGS: dict[str, tuple[str, ...]] = {MODEL_OPS_SOURCE.name: ("-ffp-contract=off",)}
+# multiply-add), and their plain loops are vectorised at the CPU's full width (GCC stops at 256 bits on Intel
+# unless asked: silu-and-multiply of a 2,048-token chunk took 6.9 ms at 256 bits, 4.8 ms at 512 on an AMX Xeon).
+SOURCE_FLAGS: dict[str, tuple[str, ...]] = {
+    MODEL_OPS_SOURCE.name: ("-ffp-contract=off", "-mprefer-vector-width=512")
+}
 # Extra flags of each ISA variant, and the CPU flags (as /proc/cpuinfo names them) it needs to run.
 ISA_FLAGS: dict[str, tuple[str, ...]] = {"native": (), "avx2": ("-mno-avx512f",)}
 ISA_NEEDS: dict[str, frozenset[str]] = {"native": frozenset(), "avx2": frozenset({"avx2", "fma"})}

@@ -102,3 +102,36 @@ def test_only_cpu_float32_and_bfloat16_are_fused() -> None:
     assert ops.fits_cache(torch.zeros(2, 2, 16, 2, 32, dtype=torch.bfloat16))
     assert not ops.fits_cache(torch.zeros(2, 2, 16, 2, 32, dtype=torch.float32))
     assert not ops.fits_cache(torch.zeros(2, 2, 16, 2, 64, dtype=torch.bfloat16)[..., :32])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_splitting_rows_over_threads_changes_no_value(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill chunk's rows go to every thread, a decode step's few to one: the same bits either way."""
+    generator = torch.Generator().manual_seed(7)
+    rows, heads, kv_heads, dim, block_size = 301, 16, 4, 64, 16
+    x, delta = (torch.randn(rows, 1024, generator=generator).to(dtype) for _ in range(2))
+    weight = torch.randn(1024, generator=generator).to(dtype)
+    gate_up = (torch.randn(rows, 2 * 704, generator=generator) * 4).to(dtype)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=generator).to(dtype)
+    cos, sin = (torch.randn(rows, 1, dim, generator=generator).to(dtype) for _ in range(2))
+    slots = torch.randperm(32 * block_size, generator=generator)[:rows]
+    ops = _ops(dtype)
+
+    def run() -> list[torch.Tensor]:
+        cache = torch.zeros(32, 2, block_size, kv_heads, dim, dtype=dtype)
+        q = ops.rope_write(qkv, cos, sin, slots, cache, heads, kv_heads, dim)
+        return [*ops.add_rms_norm(x, delta, weight, 1e-5), ops.silu_mul(gate_up), q, cache]
+
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(3)
+        monkeypatch.setattr("kvtune.kernels.model_ops.PARALLEL_MIN_ELEMENTS", 1)
+        split = run()
+    finally:
+        torch.set_num_threads(previous)
+    for a, b in zip(one, split, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))

@@ -1,5 +1,7 @@
-// A decoder layer's small ops fused for the CPU, one pass over the rows each, single-threaded (they read and
-// write a few hundred KiB a step: one pass costs less than waking a second thread):
+// A decoder layer's small ops fused for the CPU, one pass over the rows each, split by rows over `threads`
+// OpenMP threads (the caller passes 1 for a decode step's few rows, where waking a thread costs more than the
+// pass; a prefill chunk's thousands of rows take every thread). Rows are independent, so the split changes no
+// value:
 // - kvt_rms_norm / kvt_add_rms_norm: (residual + delta, then) RMSNorm, as the model's torch code computes it:
 //   the add rounded to the model dtype, the norm in float32, rounded to the model dtype, times the weight,
 //   rounded again;
@@ -82,24 +84,31 @@ inline float sum_of_squares(const T* row, int cols) {
     return partial[0];
 }
 
-// out = weight * round(x * rsqrt(mean(x^2) + eps)) for each row of x (x already in the model dtype).
+// out = weight * round(x * rsqrt(mean(x^2) + eps)) for one row of x (x already in the model dtype).
 template <typename T>
-void norm_rows(const T* x, const T* weight, T* out, int64_t rows, int cols, float eps) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const T* row = x + r * cols;
-        const float mean = sum_of_squares(row, cols) / static_cast<float>(cols);
-        const float inverse = 1.0f / std::sqrt(mean + eps);
-        T* dst = out + r * cols;
-        for (int c = 0; c < cols; ++c) {
-            const float normed = rounded<T>(load(row, c) * inverse);
-            dst[c] = round_to<T>(load(weight, c) * normed);
-        }
+inline void norm_row(const T* row, const T* weight, T* dst, int cols, float eps) {
+    const float mean = sum_of_squares(row, cols) / static_cast<float>(cols);
+    const float inverse = 1.0f / std::sqrt(mean + eps);
+    for (int c = 0; c < cols; ++c) {
+        const float normed = rounded<T>(load(row, c) * inverse);
+        dst[c] = round_to<T>(load(weight, c) * normed);
     }
 }
 
+// Each row: sum = x + delta (when delta is given), then out = RMSNorm(sum, or x).
 template <typename T>
-void add_rows(const T* x, const T* delta, T* sum, int64_t count) {
-    for (int64_t i = 0; i < count; ++i) sum[i] = round_to<T>(load(x, i) + load(delta, i));
+void add_norm_rows(const T* x, const T* delta, const T* weight, T* sum, T* out, int64_t rows, int cols, float eps,
+                   int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t at = r * cols;
+        const T* normed_input = x + at;
+        if (delta) {
+            for (int c = 0; c < cols; ++c) sum[at + c] = round_to<T>(load(x, at + c) + load(delta, at + c));
+            normed_input = sum + at;
+        }
+        norm_row(normed_input, weight, out + at, cols, eps);
+    }
 }
 
 // Rotates the head at `src` by one token's cos/sin row (half-split pairs), writing it to `dst`:
@@ -149,15 +158,16 @@ inline float exp_approx(float x) {
 template <typename T>
 void rope_write(const T* qkv, const T* cos, const T* sin, const int64_t* slots, T* cache, T* q_out, int64_t tokens,
                 int num_heads, int num_kv_heads, int dim, int64_t stride_block, int64_t stride_kv,
-                int64_t stride_token, int block_size) {
+                int64_t stride_token, int block_size, int threads) {
     const int64_t row_width = static_cast<int64_t>(num_heads + 2 * num_kv_heads) * dim;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t t = 0; t < tokens; ++t) {
         const T* row = qkv + t * row_width;
         const T* c = cos + t * dim;
         const T* s = sin + t * dim;
         for (int h = 0; h < num_heads; ++h) rotate(row + h * dim, c, s, q_out + (t * num_heads + h) * dim, dim);
         const int64_t slot = slots[t];
-        if (slot < 0) continue;
+        if (slot < 0) continue;  // a token whose KV is not kept
         T* k_dst = cache + (slot / block_size) * stride_block + (slot % block_size) * stride_token;
         T* v_dst = k_dst + stride_kv;
         const T* k = row + static_cast<int64_t>(num_heads) * dim;
@@ -169,7 +179,8 @@ void rope_write(const T* qkv, const T* cos, const T* sin, const int64_t* slots, 
 
 // out[t] = round(round(silu(gate[t])) * up[t]) with silu(x) = x / (1 + exp(-x)).
 template <typename T>
-void silu_mul(const T* gate_up, T* out, int64_t tokens, int width) {
+void silu_mul(const T* gate_up, T* out, int64_t tokens, int width, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t t = 0; t < tokens; ++t) {
         const T* gate = gate_up + t * 2 * width;
         const T* up = gate + width;
@@ -189,24 +200,16 @@ extern "C" {
 // sum = x + delta (when delta is not null; else x itself is normed), then out = RMSNorm(sum): rows x cols,
 // contiguous, in the model dtype.
 int kvt_add_rms_norm(const void* x, const void* delta, const void* weight, void* sum, void* out, int64_t rows,
-                     int cols, float eps, int dtype) {
+                     int cols, float eps, int dtype, int threads) {
     if (dtype == 0) {
-        const float* normed_input = static_cast<const float*>(x);
-        if (delta) {
-            add_rows(static_cast<const float*>(x), static_cast<const float*>(delta), static_cast<float*>(sum), rows * cols);
-            normed_input = static_cast<const float*>(sum);
-        }
-        norm_rows(normed_input, static_cast<const float*>(weight), static_cast<float*>(out), rows, cols, eps);
+        add_norm_rows(static_cast<const float*>(x), static_cast<const float*>(delta), static_cast<const float*>(weight),
+                      static_cast<float*>(sum), static_cast<float*>(out), rows, cols, eps, threads);
         return 0;
     }
     if (dtype == 2) {
-        const uint16_t* normed_input = static_cast<const uint16_t*>(x);
-        if (delta) {
-            add_rows(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(delta), static_cast<uint16_t*>(sum),
-                     rows * cols);
-            normed_input = static_cast<const uint16_t*>(sum);
-        }
-        norm_rows(normed_input, static_cast<const uint16_t*>(weight), static_cast<uint16_t*>(out), rows, cols, eps);
+        add_norm_rows(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(delta),
+                      static_cast<const uint16_t*>(weight), static_cast<uint16_t*>(sum), static_cast<uint16_t*>(out),
+                      rows, cols, eps, threads);
         return 0;
     }
     return 1;
@@ -214,30 +217,30 @@ int kvt_add_rms_norm(const void* x, const void* delta, const void* weight, void*
 
 int kvt_rope_write(const void* qkv, const void* cos, const void* sin, const int64_t* slots, void* cache, void* q_out,
                    int64_t tokens, int num_heads, int num_kv_heads, int dim, int64_t stride_block, int64_t stride_kv,
-                   int64_t stride_token, int block_size, int dtype) {
+                   int64_t stride_token, int block_size, int dtype, int threads) {
     if (dtype == 0) {
         rope_write(static_cast<const float*>(qkv), static_cast<const float*>(cos), static_cast<const float*>(sin),
                    slots, static_cast<float*>(cache), static_cast<float*>(q_out), tokens, num_heads, num_kv_heads, dim,
-                   stride_block, stride_kv, stride_token, block_size);
+                   stride_block, stride_kv, stride_token, block_size, threads);
         return 0;
     }
     if (dtype == 2) {
         rope_write(static_cast<const uint16_t*>(qkv), static_cast<const uint16_t*>(cos),
                    static_cast<const uint16_t*>(sin), slots, static_cast<uint16_t*>(cache),
                    static_cast<uint16_t*>(q_out), tokens, num_heads, num_kv_heads, dim, stride_block, stride_kv,
-                   stride_token, block_size);
+                   stride_token, block_size, threads);
         return 0;
     }
     return 1;
 }
 
-int kvt_silu_mul(const void* gate_up, void* out, int64_t tokens, int width, int dtype) {
+int kvt_silu_mul(const void* gate_up, void* out, int64_t tokens, int width, int dtype, int threads) {
     if (dtype == 0) {
-        silu_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), tokens, width);
+        silu_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), tokens, width, threads);
         return 0;
     }
     if (dtype == 2) {
-        silu_mul(static_cast<const uint16_t*>(gate_up), static_cast<uint16_t*>(out), tokens, width);
+        silu_mul(static_cast<const uint16_t*>(gate_up), static_cast<uint16_t*>(out), tokens, width, threads);
         return 0;
     }
     return 1;
