@@ -90,14 +90,26 @@ def test_a_served_engine_thread_runs_on_the_engine_cores(tiny_dir: Path) -> None
         torch.set_num_threads(before)
 
 
-def test_serve_without_threads_computes_on_the_default(tiny_dir: Path) -> None:
+def _threads_of(args: list[str], tiny_dir: Path) -> tuple[int, int]:
+    """(the engine thread's torch threads, the building thread's) of a server built with `args`."""
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)
+    built = serve.build_server(parser.parse_args(["--model", str(tiny_dir), *args]))
+    built.async_engine.start()
+    try:
+        on_engine = built.async_engine.submit(lambda _engine: torch.get_num_threads()).result(30.0)
+        return on_engine, torch.get_num_threads()
+    finally:
+        built.async_engine.shutdown()
+
+
+def test_serve_computes_on_the_engine_thread_only(tiny_dir: Path) -> None:
+    """The engine thread takes the default or --threads; the thread that built the server (the event loop's)
+    stays on one, so no second OpenMP team idles beside the engine's (which would make libgomp sleep at every
+    barrier instead of spinning)."""
     before = torch.get_num_threads()
     try:
-        serve.build_server(parser.parse_args(["--model", str(tiny_dir)]))
-        assert torch.get_num_threads() == default_compute_threads(available_cores())
-        serve.build_server(parser.parse_args(["--model", str(tiny_dir), "--threads", "3"]))
-        assert torch.get_num_threads() == 3
+        assert _threads_of([], tiny_dir) == (default_compute_threads(available_cores()), 1)
+        assert _threads_of(["--threads", "3"], tiny_dir) == (3, 1)
     finally:
         torch.set_num_threads(before)

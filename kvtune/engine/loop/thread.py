@@ -21,6 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import torch
+
 from kvtune.engine.loop.compute_threads import pin_current_thread
 from kvtune.engine.loop.errors import EngineDeadError, EngineOverloadedError, RequestFailedError
 from kvtune.engine.loop.llm_engine import LLMEngine
@@ -163,10 +165,13 @@ class AsyncEngine:
         engine: LLMEngine,
         max_waiting_requests: int | None = None,
         engine_cores: frozenset[int] | None = None,
+        compute_threads: int | None = None,
     ) -> None:
         """`max_waiting_requests`: None bounds the queue at DEFAULT_WAITING_PER_SEQ x the boot max_num_seqs,
         UNLIMITED_WAITING (-1) does not bound it, 0 refuses every new request, N > 0 allows N waiting.
-        `engine_cores`: the cores the engine thread pins itself to (compute_threads.engine_cores)."""
+        `engine_cores`: the cores the engine thread pins itself to (compute_threads.engine_cores).
+        `compute_threads`: the torch threads the engine thread computes on, set from that thread (None: torch's
+        setting as the thread inherits it)."""
         if max_waiting_requests is not None and max_waiting_requests < UNLIMITED_WAITING:
             raise KvtuneError(
                 f"--max-waiting-requests must be >= 0, or {UNLIMITED_WAITING} for no limit; got {max_waiting_requests}"
@@ -188,6 +193,7 @@ class AsyncEngine:
         self._listeners: list[StatsListener] = []
         self.latest: EngineStats = snapshot(engine, drain=False)
         self.engine_cores = engine_cores  # the engine thread's CPU affinity (None: wherever the OS puts it)
+        self.compute_threads = compute_threads
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def add_listener(self, listener: StatsListener) -> None:
@@ -330,6 +336,8 @@ class AsyncEngine:
     # --- the engine thread -----------------------------------------------------------------------------
     def _run(self) -> None:
         pin_current_thread(self.engine_cores)
+        if self.compute_threads is not None:
+            torch.set_num_threads(self.compute_threads)  # OpenMP's thread count is each thread's own setting
         engine = self.engine
         while not self._stop.is_set():
             self._wake.clear()
