@@ -172,6 +172,7 @@ class OpenAIServing:
                 params,
                 cache_salt=body.cache_salt,
                 prefix_key=self._prefix_key(request),
+                whole=not body.stream,
             )
         except (ValueError, KvtuneError) as err:
             raise ApiError(400, str(err)) from None

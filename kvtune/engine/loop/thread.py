@@ -101,12 +101,17 @@ class RequestStream:
     costing KV cache.
     """
 
-    def __init__(self, owner: AsyncEngine, request_id: str, n: int) -> None:
+    def __init__(self, owner: AsyncEngine, request_id: str, n: int, whole: bool = False) -> None:
+        """`whole`: the reader wants the answer only once it is complete (a non-streamed response), so the
+        engine thread keeps the steps' outputs and hands them over in one list when every choice has finished,
+        instead of waking the event loop for this request at every step."""
         self.request_id = request_id
         self.choices = n
+        self.whole = whole
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[list[RequestOutput] | BaseException] = asyncio.Queue()
         self.unfinished_on_engine = n  # counted down on the engine thread
+        self.held: list[RequestOutput] = []  # engine thread: a whole stream's outputs, until it finishes
         self._unfinished = n  # counted down by the reader
         self._owner: AsyncEngine | None = owner
 
@@ -155,6 +160,22 @@ class RequestStream:
 
     def __del__(self) -> None:
         self.abort()
+
+
+def deliver(ready: list[tuple[RequestStream, list[RequestOutput] | BaseException]]) -> None:
+    """Engine thread: put each item in its stream's queue, waking each event loop once for all of them."""
+    by_loop: dict[
+        asyncio.AbstractEventLoop, list[tuple[RequestStream, list[RequestOutput] | BaseException]]
+    ] = {}
+    for stream, item in ready:
+        by_loop.setdefault(stream.loop, []).append((stream, item))
+    for loop, items in by_loop.items():
+        loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[RequestStream, list[RequestOutput] | BaseException]]) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
 
 
 class AsyncEngine:
@@ -282,9 +303,10 @@ class AsyncEngine:
         *,
         cache_salt: str | None = None,
         prefix_key: str | None = None,
+        whole: bool = False,
     ) -> RequestStream:
         """Queue a request; returns its output stream once the engine has accepted it (`cache_salt` and
-        `prefix_key` as in `LLMEngine.add_request`).
+        `prefix_key` as in `LLMEngine.add_request`; `whole`: see RequestStream).
 
         Raises ValueError for a request the engine cannot run (the caller's 400) and EngineOverloadedError
         when the waiting queue is full (429).
@@ -292,7 +314,7 @@ class AsyncEngine:
         with self._pending_lock:
             self.check_capacity()
             self._pending_adds += 1
-        stream = RequestStream(self, request_id, params.n)
+        stream = RequestStream(self, request_id, params.n, whole)
         arrival = time.monotonic()
 
         def add(engine: LLMEngine) -> None:
@@ -380,22 +402,33 @@ class AsyncEngine:
             return []
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Hand the step's outputs to their streams: every stream's in one wake of each event loop (one
+        `call_soon_threadsafe`, not one per request), and a whole stream's only when it has finished."""
         by_request: dict[str, list[RequestOutput]] = {}
         for out in outputs:
             by_request.setdefault(out.request_id, []).append(out)
+        ready: list[tuple[RequestStream, list[RequestOutput] | BaseException]] = []
         for request_id, items in by_request.items():
             stream = self._streams.get(request_id)
             if stream is None:
                 continue
             error = next((out.error for out in items if out.error is not None), None)
             if error is not None:
-                stream.push(RequestFailedError.of(error))
+                ready.append((stream, RequestFailedError.of(error)))
                 del self._streams[request_id]
                 continue
-            stream.push(items)
             stream.unfinished_on_engine -= sum(1 for out in items if out.finished)
-            if stream.unfinished_on_engine <= 0:
+            done = stream.unfinished_on_engine <= 0
+            if not stream.whole:
+                ready.append((stream, items))
+            elif done:
+                ready.append((stream, [*stream.held, *items]))
+                stream.held = []
+            else:
+                stream.held.extend(items)
+            if done:
                 del self._streams[request_id]
+        deliver(ready)
 
     def _fail_all(self, failure: Exception) -> None:
         for request_id, stream in list(self._streams.items()):
