@@ -9,6 +9,7 @@ sequences than threads; their partials are merged by kvtune.kernels.merge.
 from __future__ import annotations
 
 import ctypes
+from functools import cache
 
 import torch
 
@@ -166,9 +167,18 @@ def decode(
 ) -> torch.Tensor:
     num_seqs = q.shape[0]
     if num_splits is None:
-        num_splits = default_num_splits(num_seqs, int(seq_lens.max()))
-    starts = torch.arange(num_seqs + 1, dtype=torch.int32)
+        # enough sequences for every thread: one split, whatever the lengths (no read of their maximum)
+        many = num_seqs >= 2 * torch.get_num_threads()
+        num_splits = 1 if many else default_num_splits(num_seqs, int(seq_lens.max()))
+    starts = _decode_starts(num_seqs)
     return _attention(q, kv_cache, block_tables, starts, seq_lens, scale, k_scale, v_scale, num_splits, 1)
+
+
+@cache
+def _decode_starts(num_seqs: int) -> torch.Tensor:
+    """0, 1, ..., num_seqs: a decode batch's query start of each sequence (one token each), built once per
+    batch size instead of once per layer; the kernel only reads it."""
+    return torch.arange(num_seqs + 1, dtype=torch.int32)
 
 
 def prefill(

@@ -114,33 +114,48 @@ class Attention(nn.Module):
             q = apply_rotary(q, step.cos, step.sin)
             k = apply_rotary(k, step.cos, step.sin)
             backend.write_kv(layer_cache, k, v, metadata.slot_mapping, cache.k_scale, cache.v_scale)
-        out = torch.empty_like(q)
         decodes = metadata.num_decodes
-        if decodes:
-            out[:decodes] = backend.decode(
-                q[:decodes],
-                layer_cache,
-                metadata.block_tables[:decodes],
-                metadata.seq_lens[:decodes],
-                self.scale,
-                cache.k_scale,
-                cache.v_scale,
-                None,
-            )
-        if decodes < metadata.num_seqs:
-            out[decodes:] = backend.prefill(
-                q[decodes:],
-                layer_cache,
-                metadata.block_tables[decodes:],
-                metadata.prefill_query_start_loc,
-                metadata.seq_lens[decodes:],
-                self.scale,
-                cache.k_scale,
-                cache.v_scale,
-                max_query_len=metadata.max_prefill_query_len,
-            )
-        projected: torch.Tensor = self.o_proj(out.view(tokens, self.q_size))
+        if decodes == metadata.num_seqs:  # a decode-only step (most steps): the kernel's output is the output
+            out = self._decode(q, step)
+        elif decodes == 0:
+            out = self._prefill(q, step)
+        else:
+            out = torch.empty_like(q)
+            out[:decodes] = self._decode(q[:decodes], step)
+            out[decodes:] = self._prefill(q[decodes:], step)
+        projected: torch.Tensor = self.o_proj(out.reshape(tokens, self.q_size))
         return projected
+
+    def _decode(self, q: torch.Tensor, step: StepContext) -> torch.Tensor:
+        """The decode kernel over the step's leading one-token sequences (q holds their rows)."""
+        metadata, cache = step.metadata, step.cache
+        decodes = metadata.num_decodes
+        return step.backend.decode(
+            q,
+            cache.layers[self.layer_index],
+            metadata.block_tables[:decodes],
+            metadata.seq_lens[:decodes],
+            self.scale,
+            cache.k_scale,
+            cache.v_scale,
+            None,
+        )
+
+    def _prefill(self, q: torch.Tensor, step: StepContext) -> torch.Tensor:
+        """The prefill kernel over the step's chunks after the decodes (q holds their rows)."""
+        metadata, cache = step.metadata, step.cache
+        decodes = metadata.num_decodes
+        return step.backend.prefill(
+            q,
+            cache.layers[self.layer_index],
+            metadata.block_tables[decodes:],
+            metadata.prefill_query_start_loc,
+            metadata.seq_lens[decodes:],
+            self.scale,
+            cache.k_scale,
+            cache.v_scale,
+            max_query_len=metadata.max_prefill_query_len,
+        )
 
 
 class MLP(nn.Module):
@@ -172,18 +187,26 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden: torch.Tensor, step: StepContext) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, step: StepContext, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(residual stream, MLP output not yet added to it). With the fused ops, the previous layer's MLP
+        output arrives as `pending` and is added inside this layer's first norm (one pass, the same rounding
+        as the add on its own); the torch code adds it at once and passes None."""
         fused = step.fused
         if fused is None:
             attended: torch.Tensor = self.self_attn(self.input_layernorm(hidden), step)
             hidden = hidden + attended
             mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(hidden))
-            return hidden + mlp_out
+            return hidden + mlp_out, None
         norm, post = self.input_layernorm, self.post_attention_layernorm
-        attended = self.self_attn(fused.rms_norm(hidden, norm.weight, norm.eps), step)
+        if pending is None:
+            normed = fused.rms_norm(hidden, norm.weight, norm.eps)
+        else:
+            hidden, normed = fused.add_rms_norm(hidden, pending, norm.weight, norm.eps)
+        attended = self.self_attn(normed, step)
         hidden, normed = fused.add_rms_norm(hidden, attended, post.weight, post.eps)
-        mlp_out = self.mlp(normed, fused)
-        return hidden + mlp_out
+        return hidden, self.mlp(normed, fused)
 
 
 class DecoderStack(nn.Module):
@@ -258,12 +281,20 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary.angles(positions, self.dtype)
         step = StepContext(cos, sin, metadata, cache, self.attention_backend, self.fused)
         hidden = self.model.embed_tokens(input_ids)
+        pending: torch.Tensor | None = None
         for layer in self.model.layers:
-            hidden = layer(hidden, step)
+            hidden, pending = layer(hidden, step, pending)
         if not all_logits:
-            hidden = hidden[metadata.last_token_rows]
+            rows = metadata.last_token_rows
+            hidden = hidden[rows]
+            pending = None if pending is None else pending[rows]
         norm = self.model.norm
-        normed = norm(hidden) if self.fused is None else self.fused.rms_norm(hidden, norm.weight, norm.eps)
+        if self.fused is None:
+            normed = norm(hidden)
+        elif pending is None:
+            normed = self.fused.rms_norm(hidden, norm.weight, norm.eps)
+        else:
+            normed = self.fused.add_rms_norm(hidden, pending, norm.weight, norm.eps)[1]
         logits: torch.Tensor = self.lm_head(normed)
         return logits
 
