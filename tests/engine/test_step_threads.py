@@ -19,6 +19,7 @@ from kvtune.engine import command as serve
 from kvtune.engine.loop.compute_threads import allowed_cores
 from kvtune.engine.model.step_threads import (
     RETRY_EVERY,
+    RETRY_MOST,
     SHORT_TRIALS,
     TRIAL_SECONDS,
     TRIALS,
@@ -84,8 +85,22 @@ def test_the_slower_width_is_retried_so_a_change_in_load_is_seen() -> None:
     assert chooser.verdicts() == {1024: 1}
     # the neighbour leaves; only the retries run wide, and they see it
     later = run(chooser, 1024, {1: 2e-4, 2: 1e-4}, 8 * RETRY_EVERY)
-    assert later[-RETRY_EVERY:].count(1) == 1  # wide from then on, the narrow width only retried
+    assert later[-RETRY_EVERY:].count(1) <= 1  # wide from then on, the narrow width only retried
     assert chooser.verdicts() == {1024: 2}
+
+
+def test_retries_back_off_while_they_confirm_and_return_when_one_contradicts() -> None:
+    chooser = WidthChooser(1, 2)
+    steady = run(chooser, 64, {1: 2e-4, 2: 1e-4}, 2 * TRIALS + 40 * RETRY_EVERY)[2 * TRIALS :]
+    retries = [i for i, threads in enumerate(steady) if threads == 1]
+    gaps = [b - a for a, b in zip([-1, *retries], retries, strict=False)]
+    assert gaps[:4] == [RETRY_EVERY, 2 * RETRY_EVERY, 4 * RETRY_EVERY, RETRY_MOST]
+    assert set(gaps[4:]) == {RETRY_MOST}
+    # the load moves: the next retry runs faster than the favoured width, and retries come every
+    # RETRY_EVERY steps again, so the verdict follows as quickly as before the back-off
+    moved = run(chooser, 64, {1: 0.5e-4, 2: 1e-4}, RETRY_MOST + 3 * RETRY_EVERY)
+    first = moved.index(1)
+    assert moved[first + 1 : first + RETRY_EVERY + 1].count(1) == 1
 
 
 def test_each_batch_size_class_has_its_own_verdict() -> None:

@@ -31,6 +31,12 @@ SHORT_TRIALS = 2
 TRIAL_SECONDS = 0.2
 # Every this many steps of a class, the width not in favour runs once, so a change in the machine's load is seen.
 RETRY_EVERY = 24
+# Each retry that confirms the verdict (it ran no faster than the favoured width's median) doubles the interval,
+# up to this; one that contradicts it brings the interval back to RETRY_EVERY, so a change is followed as fast
+# as before. On a steady machine the slower width then runs in 1 step of 192, not 1 of 24: in the tiny model's
+# long burst on 2 cores, the two busiest classes (16-63 tokens) ran 137 steps on the slower width (8 of them
+# trials), at 1.7-2.1x a step's time; now 28.
+RETRY_MOST = 8 * RETRY_EVERY
 # The per-token times kept per class and width: the median of the most recent ones decides.
 KEPT = 9
 
@@ -50,9 +56,11 @@ def size_class(tokens: int) -> int:
 
 @dataclass
 class _ClassTimes:
-    steps: int = 0
     seconds_per_token: dict[int, deque[float]] = field(default_factory=dict)
     seconds_timed: dict[int, float] = field(default_factory=dict)
+    retry_every: int = RETRY_EVERY
+    since_retry: int = 0
+    retrying: int | None = None  # while a retry is out: the width that was in favour when it was sent
 
     def times(self, threads: int) -> deque[float]:
         return self.seconds_per_token.setdefault(threads, deque(maxlen=KEPT))
@@ -76,24 +84,31 @@ class WidthChooser:
 
     def threads_for(self, tokens: int) -> int:
         """Trials first (the width not yet tried, else the one with fewer timings), then the faster median; the
-        other one every RETRY_EVERY-th step of the class."""
+        other one once every `retry_every` steps of the class (RETRY_EVERY, backing off while it confirms)."""
         times = self._classes.setdefault(size_class(tokens), _ClassTimes())
-        times.steps += 1
         faster = self._favoured(times)
         if faster is None:
             if times.tried(self.narrow) != times.tried(self.wide):
                 return self.wide if times.tried(self.narrow) else self.narrow
             narrow, wide = times.times(self.narrow), times.times(self.wide)
             return self.narrow if len(narrow) <= len(wide) else self.wide
-        slower = self.narrow if faster == self.wide else self.wide
-        return slower if times.steps % RETRY_EVERY == 0 else faster
+        times.since_retry += 1
+        if times.since_retry < times.retry_every:
+            return faster
+        times.since_retry, times.retrying = 0, faster
+        return self.narrow if faster == self.wide else self.wide
 
     def record(self, tokens: int, threads: int, seconds: float) -> None:
         """A step of `tokens` tokens ran on `threads` threads in `seconds`."""
         if threads not in (self.narrow, self.wide) or seconds <= 0:
             return
         times = self._classes.setdefault(size_class(tokens), _ClassTimes())
-        times.times(threads).append(seconds / max(1, tokens))
+        per_token = seconds / max(1, tokens)
+        if times.retrying is not None and threads != times.retrying:  # the retry's own timing
+            confirmed = per_token >= statistics.median(times.times(times.retrying))
+            times.retry_every = min(2 * times.retry_every, RETRY_MOST) if confirmed else RETRY_EVERY
+            times.retrying = None
+        times.times(threads).append(per_token)
         times.seconds_timed[threads] = times.seconds_timed.get(threads, 0.0) + seconds
 
     def verdict(self, tokens: int) -> int | None:
