@@ -69,11 +69,14 @@ def library() -> ctypes.CDLL:
     return load(isa=selected_isa())
 
 
-def default_num_splits(num_seqs: int, max_seq_len: int) -> int:
-    """Enough key splits for two decode items (sequence x split) per thread, each ≥ MIN_TOKENS_PER_SPLIT."""
+def default_num_splits(num_seqs: int, seq_lens: torch.Tensor) -> int:
+    """Enough key splits for two decode items (sequence x split) per thread, each ≥ MIN_TOKENS_PER_SPLIT. The
+    lengths are read only when there are fewer sequences than that: with enough, one split, whatever they are."""
     threads = torch.get_num_threads()
     wanted = -(-2 * threads // max(1, num_seqs))
-    return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT))
+    if wanted == 1:
+        return 1
+    return max(1, min(wanted, int(seq_lens.max()) // MIN_TOKENS_PER_SPLIT))
 
 
 def kernel_params(
@@ -167,9 +170,7 @@ def decode(
 ) -> torch.Tensor:
     num_seqs = q.shape[0]
     if num_splits is None:
-        # enough sequences for every thread: one split, whatever the lengths (no read of their maximum)
-        many = num_seqs >= 2 * torch.get_num_threads()
-        num_splits = 1 if many else default_num_splits(num_seqs, int(seq_lens.max()))
+        num_splits = default_num_splits(num_seqs, seq_lens)
     starts = _decode_starts(num_seqs)
     return _attention(q, kv_cache, block_tables, starts, seq_lens, scale, k_scale, v_scale, num_splits, 1)
 
