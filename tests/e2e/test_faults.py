@@ -285,7 +285,13 @@ def test_etcd_killed_with_a_patch_in_flight(
     check_recovered(tuned, catcher, baseline, fault_at)
     stored_after(tuned, catcher, back_at)
     (failed,) = [m for m in tuned.events("ApplyFailed") if f"deployment {NAMESPACE}/{tuned.name}" in m]
-    assert "not applied; the next evaluation decides again" in failed, failed
+    # Two ways the API server gives the patch up, by where the kill lands: it holds the write until the
+    # patch's deadline (the operator then says it was not applied), or its stream to etcd breaks mid-request
+    # and it answers 500 Unavailable at once (the operator passes that on). Either way nothing was stored late
+    # and the next evaluation decided again: check_recovered and stored_after hold for both.
+    held = "not applied; the next evaluation decides again" in failed
+    cut = "HTTP 500" in failed and "Unavailable" in failed
+    assert held or cut, failed
 
 
 def test_prometheus_down_then_back(
